@@ -1,0 +1,1 @@
+"""agents: RL algorithms that train against any sage_env environment."""

@@ -1,0 +1,1 @@
+"""sage_trl: TRL-style training of video models with SAGE-GRPO."""
