@@ -1,0 +1,167 @@
+"""The small protocol every flow-matching text-to-video model implements for sage_env.
+
+A backbone wraps a video model (a diffusers pipeline, or the built-in toy model) behind six things an
+environment and a learner need:
+
+* `VideoBackbone.encode_prompts`: prompt strings -> `PromptConditioning` (cached per prompt, no graph);
+* `VideoBackbone.predict_velocity`: latents at per-sample sigmas -> velocity after classifier-free guidance
+  (differentiable: learners call it with gradients enabled);
+* `VideoBackbone.decode`: latents -> videos ``(B, F, 3, H, W)`` float32 in [0, 1];
+* `VideoBackbone.latent_shape`: the per-sample latent shape for (frames, height, width);
+* `VideoBackbone.transformer`: the trainable ``torch.nn.Module`` (LoRA goes here);
+* `VideoBackbone.default_lora_target_modules`: module names LoRA targets by default.
+
+Velocities follow the diffusers flow-matching convention ``v = noise - x0`` (the Euler step is
+``x + (sigma' - sigma) * v``), which is what `sage_env.sde` expects.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["PromptConditioning", "VideoBackbone"]
+
+
+@dataclass
+class PromptConditioning:
+    """Batched prompt conditioning: backbone-specific tensors, all batch-first with the same batch size.
+
+    Args:
+        prompts: the prompt strings, one per row.
+        tensors: named tensors (e.g. ``prompt_embeds``, ``negative_prompt_embeds``, attention masks), each of
+            shape ``(B, ...)``. Their meaning belongs to the backbone that produced them.
+    """
+
+    prompts: tuple[str, ...]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.prompts = tuple(self.prompts)
+        for name, tensor in self.tensors.items():
+            if tensor.shape[0] != len(self.prompts):
+                raise ValueError(
+                    f"Conditioning tensor {name!r} has batch size {tensor.shape[0]} but there are "
+                    f"{len(self.prompts)} prompts."
+                )
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def select(self, index: torch.Tensor | Sequence[int]) -> PromptConditioning:
+        """Rows ``index`` (any order, repeats allowed) as a new conditioning."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        tensors = {name: tensor[index.to(tensor.device)] for name, tensor in self.tensors.items()}
+        return PromptConditioning(prompts=tuple(self.prompts[i] for i in index.tolist()), tensors=tensors)
+
+    def to(self, device: torch.device | str) -> PromptConditioning:
+        """A copy with every tensor on ``device``."""
+        return PromptConditioning(self.prompts, {name: t.to(device) for name, t in self.tensors.items()})
+
+    @classmethod
+    def concat(cls, parts: Sequence[PromptConditioning]) -> PromptConditioning:
+        """Stack conditionings of the same backbone along the batch dimension."""
+        if not parts:
+            raise ValueError("Cannot concatenate an empty list of conditionings.")
+        names = parts[0].tensors.keys()
+        if any(part.tensors.keys() != names for part in parts):
+            raise ValueError("All conditionings must carry the same tensors to be concatenated.")
+        prompts = tuple(prompt for part in parts for prompt in part.prompts)
+        return cls(prompts, {name: torch.cat([part.tensors[name] for part in parts]) for name in names})
+
+
+class VideoBackbone(ABC):
+    """A flow-matching text-to-video model as sage_env sees it.
+
+    Subclasses set `transformer` (the trainable module), `default_lora_target_modules` and `default_fps`,
+    and implement the abstract methods. Prompt encodings are cached per prompt string by
+    `encode_prompts` (implemented here on top of `_encode_uncached`), so a training loop encodes every
+    prompt once.
+    """
+
+    transformer: torch.nn.Module
+    default_lora_target_modules: tuple[str, ...] = ()
+    default_fps: float = 16.0
+
+    def __init__(self) -> None:
+        self._prompt_cache: dict[tuple[str, str | None], PromptConditioning] = {}
+
+    @classmethod
+    @abstractmethod
+    def from_pretrained(
+        cls,
+        model: str,
+        *,
+        torch_dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> VideoBackbone:
+        """Load from a local diffusers folder or a Hub id (``torch_dtype``/``device`` as in diffusers)."""
+
+    # -- prompts ---------------------------------------------------------------------------------
+
+    def encode_prompts(self, prompts: Sequence[str], negative_prompt: str | None = None) -> PromptConditioning:
+        """Encode prompts (with the negative prompt for CFG), caching each prompt's rows; never builds a graph."""
+        if isinstance(prompts, str):
+            raise ValueError("encode_prompts takes a list of prompts; wrap a single prompt in a list.")
+        missing = list(dict.fromkeys(p for p in prompts if (p, negative_prompt) not in self._prompt_cache))
+        if missing:
+            with torch.no_grad():
+                encoded = self._encode_uncached(missing, negative_prompt)
+            for row, prompt in enumerate(missing):
+                self._prompt_cache[(prompt, negative_prompt)] = encoded.select([row])
+        return PromptConditioning.concat([self._prompt_cache[(p, negative_prompt)] for p in prompts])
+
+    def clear_prompt_cache(self) -> None:
+        """Forget every cached prompt encoding."""
+        self._prompt_cache.clear()
+
+    @abstractmethod
+    def _encode_uncached(self, prompts: Sequence[str], negative_prompt: str | None) -> PromptConditioning:
+        """Encode ``prompts`` (distinct strings) in one batch; called without gradients."""
+
+    # -- model -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def predict_velocity(
+        self,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        conditioning: PromptConditioning,
+        guidance_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """Velocity for ``latents`` ``(B, *latent_shape)`` at per-sample ``sigma`` ``(B,)``, after CFG.
+
+        Returns a float32 tensor shaped like ``latents``. Differentiable with respect to the parameters of
+        `transformer` when called with gradients enabled.
+        """
+
+    @abstractmethod
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Decode final latents to videos ``(B, F, 3, H, W)``, float32 in [0, 1]."""
+
+    @abstractmethod
+    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, ...]:
+        """Per-sample latent shape (e.g. ``(C, F', H', W')``) for a video of the given size.
+
+        Raises ``ValueError`` naming the allowed sizes when the model cannot produce that size.
+        """
+
+    # -- placement -------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the trainable module."""
+        return next(self.transformer.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Parameter dtype of the trainable module."""
+        return next(self.transformer.parameters()).dtype
+
+    def offload_text_encoders(self) -> None:
+        """Move text encoders off the accelerator once prompts are cached (override when there are any)."""
