@@ -39,7 +39,9 @@ def register_backbone(name: str, target: str, *, overwrite: bool = False) -> Non
     if ":" not in target:
         raise ValueError(f"target must look like 'package.module:ClassName', got {target!r}.")
     if name in BACKBONES and not overwrite and BACKBONES[name] != target:
-        raise ValueError(f"A backbone is already registered for {name!r} ({BACKBONES[name]}); pass overwrite=True.")
+        raise ValueError(
+            f"A backbone is already registered for {name!r} ({BACKBONES[name]}); pass overwrite=True."
+        )
     BACKBONES[name] = target
 
 

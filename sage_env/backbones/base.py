@@ -104,7 +104,9 @@ class VideoBackbone(ABC):
 
     # -- prompts ---------------------------------------------------------------------------------
 
-    def encode_prompts(self, prompts: Sequence[str], negative_prompt: str | None = None) -> PromptConditioning:
+    def encode_prompts(
+        self, prompts: Sequence[str], negative_prompt: str | None = None
+    ) -> PromptConditioning:
         """Encode prompts (with the negative prompt for CFG), caching each prompt's rows; never builds a graph."""
         if isinstance(prompts, str):
             raise ValueError("encode_prompts takes a list of prompts; wrap a single prompt in a list.")
@@ -163,5 +165,7 @@ class VideoBackbone(ABC):
         """Parameter dtype of the trainable module."""
         return next(self.transformer.parameters()).dtype
 
-    def offload_text_encoders(self) -> None:
-        """Move text encoders off the accelerator once prompts are cached (override when there are any)."""
+    @abstractmethod
+    def offload_text_encoders(self, device: torch.device | str = "cpu") -> None:
+        """Move the text encoders to ``device`` (CPU by default) once prompts are cached, to free accelerator
+        memory for training; `encode_prompts` moves them back when it meets a new prompt."""

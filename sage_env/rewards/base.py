@@ -79,14 +79,18 @@ class RewardOutput:
 def check_videos(videos: torch.Tensor, num_prompts: int | None = None) -> None:
     """Raise ``ValueError`` unless ``videos`` is a finite float ``(B, F, 3, H, W)`` tensor in [0, 1]."""
     if not isinstance(videos, torch.Tensor) or not videos.is_floating_point():
-        raise ValueError(f"videos must be a float tensor (B, F, 3, H, W) in [0, 1], got {type(videos).__name__}.")
+        raise ValueError(
+            f"videos must be a float tensor (B, F, 3, H, W) in [0, 1], got {type(videos).__name__}."
+        )
     if videos.ndim != 5 or videos.shape[2] != 3:
         raise ValueError(
             f"videos must have layout (B, F, 3, H, W), got shape {tuple(videos.shape)}; "
             "permute channels-last or (B, 3, F, H, W) videos first."
         )
     if num_prompts is not None and videos.shape[0] != num_prompts:
-        raise ValueError(f"Got {videos.shape[0]} videos but {num_prompts} prompts; pass one prompt per video.")
+        raise ValueError(
+            f"Got {videos.shape[0]} videos but {num_prompts} prompts; pass one prompt per video."
+        )
     if videos.numel() and (videos.min() < -1e-3 or videos.max() > 1 + 1e-3):
         raise ValueError(
             f"video values must lie in [0, 1], got [{videos.min():.3g}, {videos.max():.3g}]; "
@@ -123,7 +127,9 @@ def resolve_reward_weights(
         return defaults
     if isinstance(reward_weights, str):
         if reward_weights not in REWARD_PRESETS:
-            raise ValueError(f"Unknown reward preset {reward_weights!r}; choose one of {', '.join(REWARD_PRESETS)}.")
+            raise ValueError(
+                f"Unknown reward preset {reward_weights!r}; choose one of {', '.join(REWARD_PRESETS)}."
+            )
         return dict(REWARD_PRESETS[reward_weights])
     if isinstance(reward_weights, Mapping):
         weights = {str(k): float(v) for k, v in reward_weights.items()}
@@ -185,7 +191,9 @@ class CompositeReward:
             scores = self._call_robustly(reward_fn, videos, prompts, fps, errors)
             overlap = components.keys() & scores.keys()
             if overlap:
-                raise ValueError(f"Two reward functions produced the component(s) {sorted(overlap)}; rename one.")
+                raise ValueError(
+                    f"Two reward functions produced the component(s) {sorted(overlap)}; rename one."
+                )
             components.update(scores)
             function_totals.append(scores)
         weights = self._component_weights(function_totals)
@@ -200,7 +208,11 @@ class CompositeReward:
         return RewardOutput(total=total, components=components, valid=valid, errors=reasons, weights=weights)
 
     def _call_robustly(
-        self, reward_fn: Callable, videos: torch.Tensor, prompts: Sequence[str], fps: float,
+        self,
+        reward_fn: Callable,
+        videos: torch.Tensor,
+        prompts: Sequence[str],
+        fps: float,
         errors: list[list[str]],
     ) -> dict[str, torch.Tensor]:
         """Call on the batch; if that raises, sample by sample, marking failing samples invalid."""
@@ -211,7 +223,11 @@ class CompositeReward:
             rows: list[dict[str, torch.Tensor] | None] = []
             for index in range(videos.shape[0]):
                 try:
-                    rows.append(_as_scores(reward_fn(videos[index : index + 1], [prompts[index]], fps=fps), reward_fn, 1))
+                    rows.append(
+                        _as_scores(
+                            reward_fn(videos[index : index + 1], [prompts[index]], fps=fps), reward_fn, 1
+                        )
+                    )
                 except Exception as error:
                     errors[index].append(f"reward {name!r} raised {type(error).__name__}: {error}")
                     rows.append(None)
@@ -220,7 +236,9 @@ class CompositeReward:
                 raise batch_error
             template = succeeded[0]
             return {
-                component: torch.cat([row[component] if row is not None else torch.tensor([math.nan]) for row in rows])
+                component: torch.cat(
+                    [row[component] if row is not None else torch.tensor([math.nan]) for row in rows]
+                )
                 for component in template
             }
 
