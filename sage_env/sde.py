@@ -56,6 +56,7 @@ __all__ = [
     "sample_noise",
     "sde_step",
     "sigmas_from_scheduler",
+    "validate_eta",
     "validate_sde_type",
     "validate_sigma_schedule",
 ]
@@ -172,7 +173,8 @@ def validate_sde_type(sde_type: str) -> None:
         raise ValueError(f"Unknown SDE type {sde_type!r}; choose one of {', '.join(SDE_TYPES)}.")
 
 
-def _validate_eta(sde_type: str, eta: float) -> None:
+def validate_eta(sde_type: str, eta: float) -> None:
+    """Raise ``ValueError`` unless ``eta`` is a valid exploration scale for ``sde_type``."""
     if not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta < 0:
         raise ValueError(f"eta must be a finite number >= 0, got {eta!r}.")
     if sde_type == "cps" and eta > 1:
@@ -422,7 +424,7 @@ def sde_step(
             inputs.
     """
     validate_sde_type(sde_type)
-    _validate_eta(sde_type, eta)
+    validate_eta(sde_type, eta)
     _check_tensor(latents, "latents", latents.shape)
     _check_tensor(velocity, "velocity", latents.shape)
     if latents.ndim < 2:
@@ -437,7 +439,9 @@ def sde_step(
     latents32, velocity32 = latents.to(_COMPUTE_DTYPE), velocity.to(_COMPUTE_DTYPE)
     std = noise_std(sde_type, sigma, sigma_next, eta)
     mean = _step_mean(sde_type, latents32, velocity32, sigma, sigma_next, std)
-    if x_next is None:
+    if x_next is None and not (std > 0).any():
+        x_next = mean.detach()  # deterministic (ode, cps at sigma' = 0): draw no noise
+    elif x_next is None:
         noise = sample_noise(latents.shape, generator, device)
         x_next = mean.detach() + _broadcast(std, latents) * noise
     else:

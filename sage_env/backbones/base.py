@@ -17,6 +17,7 @@ Velocities follow the diffusers flow-matching convention ``v = noise - x0`` (the
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -135,11 +136,15 @@ class VideoBackbone(ABC):
         sigma: torch.Tensor,
         conditioning: PromptConditioning,
         guidance_scale: float = 1.0,
+        *,
+        transformer: torch.nn.Module | None = None,
     ) -> torch.Tensor:
         """Velocity for ``latents`` ``(B, *latent_shape)`` at per-sample ``sigma`` ``(B,)``, after CFG.
 
         Returns a float32 tensor shaped like ``latents``. Differentiable with respect to the parameters of
-        `transformer` when called with gradients enabled.
+        `transformer` when called with gradients enabled. ``transformer`` overrides the module that is
+        *called* (e.g. the DDP-wrapped `transformer` during distributed training, so gradients synchronise);
+        its configuration and dtype are still read from `transformer`.
         """
 
     @abstractmethod
@@ -152,6 +157,35 @@ class VideoBackbone(ABC):
 
         Raises ``ValueError`` naming the allowed sizes when the model cannot produce that size.
         """
+
+    # -- LoRA adapters in the diffusers format -----------------------------------------------------
+
+    def save_lora_weights(
+        self,
+        save_directory: str | os.PathLike,
+        transformer_lora_layers: dict[str, torch.Tensor],
+        adapter_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Write ``pytorch_lora_weights.safetensors`` with ``transformer.``-prefixed keys, loadable with
+        ``pipe.load_lora_weights(path)`` (pipelines with LoRA loaders) or ``transformer.load_lora_adapter(path,
+        prefix="transformer")``. ``adapter_metadata`` (the ``LoraConfig`` as a dict) is stored in the file so a
+        non-default alpha reloads exactly.
+        """
+        from diffusers.loaders import WanLoraLoaderMixin
+
+        # The Wan mixin's writer is generic: it prefixes "transformer." and stores the metadata.
+        WanLoraLoaderMixin.save_lora_weights(
+            save_directory,
+            transformer_lora_layers=transformer_lora_layers,
+            transformer_lora_adapter_metadata=adapter_metadata,
+            safe_serialization=True,
+        )
+
+    def load_lora_weights(self, path: str | os.PathLike, adapter_name: str = "default") -> None:
+        """Load a diffusers-format LoRA file or folder into `transformer` as a new adapter ``adapter_name``."""
+        self.transformer.load_lora_adapter(
+            str(path), prefix="transformer", adapter_name=adapter_name, use_safetensors=True
+        )
 
     # -- placement -------------------------------------------------------------------------------
 

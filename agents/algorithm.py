@@ -1,0 +1,466 @@
+"""Policy-gradient algorithms over denoising trajectories: the single implementation every agent and the
+TRL trainer use.
+
+An algorithm turns a `sage_env.Trajectory` into (sample, timestep) training pairs (`TransitionBatch`) and a
+differentiable loss. It does not own an optimizer: `agents.base.PolicyGradientAgent` (a plain gymnasium
+loop) and `sage_trl.SageGRPOTrainer` (TRL/accelerate) both drive the same `PolicyGradientAlgorithm`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+from agents import objective
+from agents.references import DisabledAdapters, ParameterSnapshot, has_lora_adapters
+from sage_env import sde
+from sage_env.backbones import PromptConditioning, VideoBackbone
+from sage_env.env import Trajectory
+
+__all__ = ["KL_STRATEGIES", "AlgorithmConfig", "PolicyGradientAlgorithm", "References", "TransitionBatch"]
+
+KL_STRATEGIES = ("none", "fixed", "stepwise", "moving", "dual")
+"""KL regularisers (paper Sec. 3.2.2): none; fixed (initial model); step-wise (previous policy, Eq. 15);
+moving (anchor refreshed every N optimizer steps, Eq. 13); dual (moving + step-wise, Eq. 14)."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """Hyperparameters of a policy-gradient algorithm over denoising steps (defaults: SAGE-GRPO).
+
+    Paper references are to arXiv 2603.21872; "official" means the SAGE-GRPO project page's parameter table.
+    """
+
+    # Rollout (the environment must be built with the same values).
+    sde: str = field(
+        default="sage",
+        metadata={
+            "help": "SDE of the rollouts: sage | flow_grpo | dance_grpo | cps | ode. "
+            "Recommended: sage (paper Eq. 5-7)."
+        },
+    )
+    eta: float = field(
+        default=0.5, metadata={"help": "Exploration scale eta of the SDE. Paper/official: 0.5."}
+    )
+    log_prob_kind: str = field(
+        default="gaussian",
+        metadata={"help": "gaussian (exact log-density) or cps (published CPS' -mse score)."},
+    )
+    guidance_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "Classifier-free guidance used in rollouts and in the training forward (they must match)."
+        },
+    )
+    negative_prompt: str | None = field(
+        default=None, metadata={"help": "Negative prompt for CFG; None uses the backbone's default."}
+    )
+    # Advantages (Eq. 10, App. A.4).
+    scale_rewards: str = field(
+        default="group", metadata={"help": "group (Eq. 10), batch or none, as TRL's scale_rewards."}
+    )
+    advantage_eps: float = field(default=1e-4, metadata={"help": "Stabiliser epsilon of Eq. 10."})
+    adv_clip_max: float = field(
+        default=5.0, metadata={"help": "Clip advantages to [-max, max]. Official: 5."}
+    )
+    # Policy loss (Eq. 43).
+    epsilon: float | None = field(
+        default=1e-4,
+        metadata={
+            "help": "PPO clip range of the ratio (log-probs are "
+            "averaged per element, hence ~1e-4). None: no clipping."
+        },
+    )
+    epsilon_high: float | None = field(
+        default=None, metadata={"help": "Upper clip range; None uses epsilon."}
+    )
+    equalizer: bool = field(
+        default=True, metadata={"help": "Temporal gradient equalizer S_t (Eq. 9). Official: on."}
+    )
+    equalizer_eps: float = field(default=1e-8, metadata={"help": "The small constant of Eq. 9."})
+    timestep_fraction: float = field(
+        default=1.0, metadata={"help": "Fraction of each trajectory's stochastic steps trained per update."}
+    )
+    timestep_permutation: bool = field(
+        default=True, metadata={"help": "Random per-sample order of the trained steps. Official: on."}
+    )
+    # KL (Sec. 3.2.2, App. A.6).
+    kl_strategy: str = field(
+        default="dual",
+        metadata={
+            "help": "none | fixed | stepwise | moving | dual. Paper: dual (moving anchor + step-wise)."
+        },
+    )
+    beta_pos: float = field(
+        default=1.0,
+        metadata={"help": "Weight of the position (anchor) KL in dual KL (Eq. 14). Official: 1.0."},
+    )
+    beta_vel: float = field(
+        default=0.1, metadata={"help": "Weight of the step-wise (velocity) KL in dual KL. Official: 0.1."}
+    )
+    anchor_update_steps: int = field(
+        default=10, metadata={"help": "Refresh the moving anchor every N optimizer steps. Official: 10."}
+    )
+    kl_coef_schedule: str = field(
+        default="adaptive",
+        metadata={"help": "adaptive (warm-up + feedback, App. A.6) or constant (kl_coef_max throughout)."},
+    )
+    kl_coef_min: float = field(default=1e-7, metadata={"help": "lambda_min of Eq. 41-42. Paper: 1e-7."})
+    kl_coef_max: float = field(
+        default=1e-5,
+        metadata={
+            "help": "lambda_max of Eq. 41-42 (the constant coefficient when not adaptive). Paper: 1e-5."
+        },
+    )
+    kl_warmup_steps: int = field(
+        default=100, metadata={"help": "K: linear warm-up in optimizer steps. Paper: 100."}
+    )
+    kl_target: float = field(
+        default=1e-5,
+        metadata={"help": "D_target of Eq. 42 (not given by the paper; the official code uses 1e-5)."},
+    )
+    kl_history: int = field(
+        default=10, metadata={"help": "H: KL values averaged by the feedback rule. Paper: 10."}
+    )
+    reference_offload: bool = field(
+        default=False, metadata={"help": "Full fine-tuning: keep the reference copy on CPU between uses."}
+    )
+    # Update loop (used by agents; the TRL trainer has its own fields for these).
+    learning_rate: float = field(default=1e-5, metadata={"help": "Adam learning rate. Official: 1e-5."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    num_iterations: int = field(
+        default=1,
+        metadata={
+            "help": "Optimizer passes over each rollout (TRL's "
+            "num_iterations); > 1 makes the ratio and clipping act."
+        },
+    )
+    num_minibatches: int = field(default=1, metadata={"help": "Optimizer steps per pass over a rollout."})
+    micro_batch_size: int = field(
+        default=16,
+        metadata={"help": "(sample, step) pairs per forward; gradients accumulate over micro-batches."},
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of the timestep selection."})
+
+    def __post_init__(self) -> None:
+        sde.validate_sde_type(self.sde)
+        sde.validate_eta(self.sde, self.eta)
+        self._check_choice("log_prob_kind", sde.LOG_PROB_KINDS)
+        self._check_choice("scale_rewards", objective.SCALE_REWARDS)
+        self._check_choice("kl_strategy", KL_STRATEGIES)
+        self._check_choice("kl_coef_schedule", ("adaptive", "constant"))
+        for name in ("adv_clip_max", "learning_rate", "max_grad_norm", "advantage_eps", "equalizer_eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
+        for name in ("epsilon", "epsilon_high"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < 1:
+                raise ValueError(f"{name} must lie in (0, 1) or be None (no clipping), got {value}.")
+        if not 0 < self.timestep_fraction <= 1:
+            raise ValueError(f"timestep_fraction must lie in (0, 1], got {self.timestep_fraction}.")
+        for name in (
+            "anchor_update_steps",
+            "num_iterations",
+            "num_minibatches",
+            "micro_batch_size",
+            "kl_history",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if not 0 <= self.kl_coef_min <= self.kl_coef_max:
+            raise ValueError(
+                f"Need 0 <= kl_coef_min <= kl_coef_max, got {self.kl_coef_min}, {self.kl_coef_max}."
+            )
+        if self.sde == "ode":
+            raise ValueError(
+                "sde='ode' has no exploration noise, so no policy gradient; choose a stochastic SDE."
+            )
+
+    def _check_choice(self, name: str, allowed: tuple[str, ...]) -> None:
+        if getattr(self, name) not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as a plain dict."""
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        """Names of every field."""
+        return {f.name for f in fields(cls)}
+
+
+@dataclass
+class TransitionBatch:
+    """(sample, timestep) pairs to train on, with what the loss needs; tensors are ``(M, ...)``."""
+
+    latents: torch.Tensor
+    next_latents: torch.Tensor
+    sigma: torch.Tensor
+    sigma_next: torch.Tensor
+    old_log_prob: torch.Tensor
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    sample_index: torch.Tensor
+    step_index: torch.Tensor
+    conditioning: PromptConditioning
+    sde_type: str
+    eta: float
+    log_prob_kind: str
+    on_policy: bool = False
+
+    def __len__(self) -> int:
+        return self.latents.shape[0]
+
+    def select(self, index: torch.Tensor) -> TransitionBatch:
+        """Rows ``index`` as a new batch."""
+        tensors = {
+            f.name: getattr(self, f.name)[index.to(getattr(self, f.name).device)]
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, conditioning=self.conditioning.select(index), **tensors)
+
+    def chunks(self, size: int) -> Iterator[TransitionBatch]:
+        """Consecutive micro-batches of at most ``size`` pairs."""
+        for start in range(0, len(self), size):
+            yield self.select(torch.arange(start, min(start + size, len(self))))
+
+
+@dataclass
+class References:
+    """The reference policies the KL strategy needs (None where unused)."""
+
+    anchor: ParameterSnapshot | None = None
+    fixed: ParameterSnapshot | DisabledAdapters | None = None
+
+
+class PolicyGradientAlgorithm:
+    """GRPO-style policy optimisation over denoising steps; SAGE-GRPO with the default `AlgorithmConfig`.
+
+    The loss is Eq. 43 in its clipped-ratio form: ``mean_pairs[S_t * max(-A r, -A clip(r))] + lambda_KL * L_KL``
+    with ``L_KL`` set by ``kl_strategy`` (Eq. 40 for ``dual``) and ``lambda_KL`` from `AdaptiveKLController`.
+    Subclasses override `advantages` (e.g. DDPO's per-prompt statistics) or nothing at all.
+    """
+
+    config_class: type[AlgorithmConfig] = AlgorithmConfig
+
+    def __init__(self, config: AlgorithmConfig | None = None) -> None:
+        self.config = config if config is not None else self.config_class()
+        cfg = self.config
+        self.kl_controller = objective.AdaptiveKLController(
+            cfg.kl_coef_min,
+            cfg.kl_coef_max,
+            cfg.kl_warmup_steps,
+            cfg.kl_target,
+            cfg.kl_history,
+            adaptive=cfg.kl_coef_schedule == "adaptive",
+        )
+        self.optimizer_steps = 0
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+
+    # -- references ------------------------------------------------------------------------------
+
+    def build_references(self, module: torch.nn.Module) -> References:
+        """Create the reference policies of the KL strategy for the policy module (before any update).
+
+        LoRA runs use an adapter snapshot as the moving anchor and the adapter-free base as the fixed
+        reference; full fine-tuning uses parameter copies (optionally on CPU).
+        """
+        strategy, offload = self.config.kl_strategy, self.config.reference_offload
+        anchor = ParameterSnapshot(module, offload=offload) if strategy in ("moving", "dual") else None
+        fixed = None
+        if strategy == "fixed":
+            fixed = (
+                DisabledAdapters(module) if has_lora_adapters(module) else ParameterSnapshot(module, offload)
+            )
+        return References(anchor=anchor, fixed=fixed)
+
+    # -- data ------------------------------------------------------------------------------------
+
+    def advantages(self, trajectory: Trajectory) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantages, usable)`` per sample of a finished trajectory (see `compute_advantages`)."""
+        rewards = trajectory.rewards
+        if rewards is None:
+            raise ValueError("The trajectory has no rewards: finish the episode before updating.")
+        group_index = trajectory.group_index.to(rewards.total.device)
+        return self.compute_advantages(trajectory.prompts, rewards.total, rewards.valid, group_index)
+
+    def compute_advantages(
+        self, prompts: Sequence[str], rewards: torch.Tensor, valid: torch.Tensor, group_index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Group-normalised advantages (Eq. 10) with invalid samples excluded; ``usable`` marks samples whose
+        group carries a learning signal."""
+        cfg = self.config
+        return objective.group_advantages(rewards, group_index, valid, cfg.scale_rewards, cfg.advantage_eps)
+
+    def check_trajectory(self, trajectory: Trajectory) -> None:
+        """Refuse trajectories sampled with other SDE settings than this algorithm's (their log-probs differ)."""
+        cfg = self.config
+        stochastic = {t for t in trajectory.sde_types if t != "ode"}
+        if (
+            stochastic != {cfg.sde}
+            or not math.isclose(trajectory.eta, cfg.eta)
+            or trajectory.log_prob_kind != cfg.log_prob_kind
+        ):
+            raise ValueError(
+                f"The trajectory was sampled with sde={sorted(stochastic)}, eta={trajectory.eta}, "
+                f"log_prob_kind={trajectory.log_prob_kind!r} but the algorithm expects sde={cfg.sde!r}, "
+                f"eta={cfg.eta}, log_prob_kind={cfg.log_prob_kind!r}; build the environment with the same values."
+            )
+
+    def transitions(
+        self,
+        trajectory: Trajectory,
+        advantages: torch.Tensor,
+        usable: torch.Tensor,
+        policy: VideoBackbone,
+        on_policy: bool = False,
+    ) -> TransitionBatch:
+        """The (sample, step) pairs to train on: stochastic steps of usable samples, equalizer-weighted.
+
+        ``on_policy``: no optimizer step has been taken since the rollout (the ratio is then exactly 1).
+        """
+        self.check_trajectory(trajectory)
+        cfg = self.config
+        weights = objective.equalizer_matrix(
+            trajectory.sigmas, trajectory.sde_types, trajectory.eta, cfg.equalizer
+        )
+        trainable = trajectory.trainable & usable.to(trajectory.trainable.device)[:, None]
+        samples, steps = objective.select_timesteps(
+            trainable, cfg.timestep_fraction, self.generator, cfg.timestep_permutation
+        )
+        device = trajectory.latents.device
+        samples_d, steps_d = samples.to(device), steps.to(device)
+        conditioning = policy.encode_prompts(list(trajectory.prompts), cfg.negative_prompt)
+        return TransitionBatch(
+            latents=trajectory.latents[samples_d, steps_d],
+            next_latents=trajectory.latents[samples_d, steps_d + 1],
+            sigma=trajectory.sigmas[samples_d, steps_d],
+            sigma_next=trajectory.sigmas[samples_d, steps_d + 1],
+            old_log_prob=trajectory.log_probs[samples_d, steps_d],
+            advantages=advantages.to(device)[samples_d],
+            weights=weights.to(device)[samples_d, steps_d],
+            sample_index=samples_d,
+            step_index=steps_d,
+            conditioning=conditioning.select(samples),
+            sde_type=cfg.sde,
+            eta=trajectory.eta,
+            log_prob_kind=trajectory.log_prob_kind,
+            on_policy=on_policy,
+        )
+
+    # -- loss ------------------------------------------------------------------------------------
+
+    def _reference_mean(self, policy: VideoBackbone, batch: TransitionBatch, reference: Any) -> torch.Tensor:
+        with torch.no_grad(), reference.applied():
+            velocity = policy.predict_velocity(
+                batch.latents, batch.sigma, batch.conditioning, self.config.guidance_scale
+            )
+            return self._step(batch, velocity).mean
+
+    def _step(self, batch: TransitionBatch, velocity: torch.Tensor) -> sde.SDEStepOutput:
+        return sde.sde_step(
+            batch.sde_type,
+            batch.latents,
+            velocity,
+            batch.sigma,
+            batch.sigma_next,
+            batch.eta,
+            x_next=batch.next_latents,
+            log_prob_kind=batch.log_prob_kind,
+        )
+
+    def loss(
+        self, policy: VideoBackbone, batch: TransitionBatch, references: References
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Differentiable loss of one micro-batch and its metrics (detached scalars)."""
+        cfg = self.config
+        reference = references.anchor if cfg.kl_strategy in ("moving", "dual") else references.fixed
+        # References first: they swap weights in place, which must not happen under a live graph.
+        reference_mean = self._reference_mean(policy, batch, reference) if reference is not None else None
+        velocity = policy.predict_velocity(batch.latents, batch.sigma, batch.conditioning, cfg.guidance_scale)
+        out = self._step(batch, velocity)
+        advantages = batch.advantages.clamp(-cfg.adv_clip_max, cfg.adv_clip_max)
+        # Before the first optimizer step on a rollout the policy *is* the behaviour policy: use its own detached
+        # log-prob (ratio exactly 1, as TRL does) rather than the rollout's, which differs in the last bits
+        # because the rollout batched other samples together.
+        old_log_prob = out.log_prob.detach() if batch.on_policy else batch.old_log_prob
+        per_pair, stats = objective.clipped_policy_loss(
+            out.log_prob, old_log_prob, advantages, batch.weights, cfg.epsilon, cfg.epsilon_high
+        )
+        policy_loss = per_pair.mean()
+        kl_term, kl_metrics = self._kl_term(out, batch, reference_mean)
+        loss = policy_loss + self.kl_controller.coef * kl_term
+        log_ratio = out.log_prob.detach() - old_log_prob
+        metrics = {
+            "train/policy_loss": policy_loss.detach(),
+            "train/loss": loss.detach(),
+            "train/clip_fraction": stats["clipped"].float().mean(),
+            "train/ratio_mean": stats["ratio"].mean(),
+            "train/ratio_std": stats["ratio"].std(unbiased=False),
+            "train/approx_kl": 0.5 * (log_ratio**2).mean(),
+            "train/equalizer_weight_mean": batch.weights.mean(),
+            "kl/coef": torch.tensor(self.kl_controller.coef),
+            **kl_metrics,
+        }
+        return loss, metrics
+
+    def _kl_term(
+        self, out: sde.SDEStepOutput, batch: TransitionBatch, reference_mean: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        strategy, cfg = self.config.kl_strategy, self.config
+        zero = out.log_prob.new_zeros(())
+        position = (
+            objective.position_kl(out.mean, reference_mean, out.std).mean()
+            if reference_mean is not None
+            else zero
+        )
+        velocity = (
+            objective.stepwise_kl(out.log_prob, batch.old_log_prob).mean()
+            if strategy in ("stepwise", "dual")
+            else zero
+        )
+        weights = {
+            "none": (0.0, 0.0),
+            "fixed": (1.0, 0.0),
+            "moving": (1.0, 0.0),
+            "stepwise": (0.0, 1.0),
+            "dual": (cfg.beta_pos, cfg.beta_vel),
+        }[strategy]
+        kl_term = weights[0] * position + weights[1] * velocity
+        return kl_term, {
+            "kl/position": position.detach(),
+            "kl/velocity": velocity.detach(),
+            "kl/total": kl_term.detach(),
+        }
+
+    # -- after each optimizer step -----------------------------------------------------------------
+
+    def after_optimizer_step(self, kl_value: float, references: References) -> None:
+        """Update the KL coefficient (App. A.6) and refresh the moving anchor every N steps (Eq. 13)."""
+        self.optimizer_steps += 1
+        if self.config.kl_strategy != "none":
+            self.kl_controller.observe(kl_value)
+        if references.anchor is not None and self.optimizer_steps % self.config.anchor_update_steps == 0:
+            references.anchor.refresh()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, the KL controller and the timestep generator (references are saved by their owner)."""
+        return {
+            "optimizer_steps": self.optimizer_steps,
+            "kl_controller": self.kl_controller.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict`."""
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,137 @@
+"""Reference policies for the KL terms, without a second copy of the model where avoidable.
+
+* `ParameterSnapshot`: a copy of the *trainable* parameters only. With LoRA that is the adapter (a few MB):
+  the paper's moving anchor (Eq. 13) costs one adapter, never a second model. With full fine-tuning it is
+  a full copy, optionally kept on CPU between uses.
+* `DisabledAdapters`: the initial model of a LoRA run is the base with its adapters switched off, so the
+  fixed-KL reference (FlowGRPO) needs no memory at all.
+
+A reference is used through ``with reference.applied(): ...``: inside the block the policy module computes
+with the reference weights. Swapping is in place, so evaluate references *before* the policy forward
+whose graph you will backpropagate through (the loss in `agents.algorithm` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["DisabledAdapters", "ParameterSnapshot", "has_lora_adapters", "trainable_parameters"]
+
+
+def has_lora_adapters(module: torch.nn.Module) -> bool:
+    """True when peft adapter layers are injected into ``module``."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return any(isinstance(layer, BaseTunerLayer) for layer in module.modules())
+
+
+def trainable_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """``{name: parameter}`` of every parameter with ``requires_grad``."""
+    return {name: p for name, p in module.named_parameters() if p.requires_grad}
+
+
+class ParameterSnapshot:
+    """A frozen copy of a module's trainable parameters that can be swapped in temporarily.
+
+    Args:
+        module: the policy module (e.g. ``backbone.transformer``); only ``requires_grad`` parameters are
+            copied, which for a LoRA run are exactly the adapter weights.
+        offload: keep the copy on CPU between uses (worth it for full fine-tuning of large models).
+    """
+
+    def __init__(self, module: torch.nn.Module, offload: bool = False) -> None:
+        self.module = module
+        self.offload = offload
+        self.parameters = trainable_parameters(module)
+        if not self.parameters:
+            raise ValueError(
+                "The module has no trainable parameters to snapshot; enable training or add LoRA first."
+            )
+        self.values: dict[str, torch.Tensor] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Copy the current trainable parameters into the snapshot (the paper's anchor update every N steps)."""
+        with torch.no_grad():
+            for name, parameter in self.parameters.items():
+                target = "cpu" if self.offload else parameter.device
+                self.values[name] = parameter.detach().to(target, copy=True)
+
+    def num_bytes(self) -> int:
+        """Memory held by the snapshot."""
+        return sum(v.numel() * v.element_size() for v in self.values.values())
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """Compute with the snapshot's weights inside the block; the live weights are restored after.
+
+        The parameters' storage is swapped, not copied (a CPU-offloaded snapshot is moved to the device), so a
+        full-model snapshot costs no temporary copy of the live weights.
+        """
+        live = {name: parameter.data for name, parameter in self.parameters.items()}
+        for name, parameter in self.parameters.items():
+            parameter.data = self.values[name].to(parameter.device, non_blocking=True)
+        try:
+            yield
+        finally:
+            for name, parameter in self.parameters.items():
+                parameter.data = live[name]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The snapshot tensors (for checkpoints)."""
+        return {name: value.cpu() for name, value in self.values.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore `state_dict`; names and shapes must match the module's trainable parameters."""
+        if state.keys() != self.parameters.keys():
+            missing, unexpected = self.parameters.keys() - state.keys(), state.keys() - self.parameters.keys()
+            raise ValueError(
+                f"Snapshot does not match the module: missing {sorted(missing)[:5]}, "
+                f"unexpected {sorted(unexpected)[:5]}."
+            )
+        for name, parameter in self.parameters.items():
+            target = "cpu" if self.offload else parameter.device
+            self.values[name] = state[name].to(target, parameter.dtype, copy=True)
+
+
+class DisabledAdapters:
+    """The base model of a LoRA run: adapters are switched off inside `applied`."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        if not has_lora_adapters(module):
+            raise ValueError(
+                "DisabledAdapters needs a module with LoRA adapters; use ParameterSnapshot otherwise."
+            )
+        self.module = module
+
+    def _layers(self) -> list[torch.nn.Module]:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        return [layer for layer in self.module.modules() if isinstance(layer, BaseTunerLayer)]
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """Compute with the adapters disabled inside the block."""
+        layers = self._layers()
+        previously_disabled = [layer.disable_adapters for layer in layers]
+        # peft's enable_adapters also toggles requires_grad: remember the flags and put them back after.
+        requires_grad = {name: p.requires_grad for name, p in self.module.named_parameters()}
+        for layer in layers:
+            layer.enable_adapters(False)
+        try:
+            yield
+        finally:
+            for layer, disabled in zip(layers, previously_disabled):
+                layer.enable_adapters(not disabled)
+            for name, parameter in self.module.named_parameters():
+                parameter.requires_grad_(requires_grad[name])
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Nothing to save: the base weights are the reference."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Nothing to restore."""

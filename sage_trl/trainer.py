@@ -1,0 +1,471 @@
+"""`SageGRPOTrainer`: TRL's GRPOTrainer for flow-matching video models, trained on `sage_env` rollouts.
+
+What it reuses from TRL (see `sage_trl._trl_compat`): the group-repeat sampler, generation buffering,
+the training step and metric logging. What it adds: rollouts through `sage_env.DenoisingVectorEnv`, the
+loss of any registered algorithm (`agents`; SAGE-GRPO by default), LoRA through peft with the moving
+anchor as an adapter snapshot, diffusers-format saving, and checkpoints that resume exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from accelerate.utils import gather, gather_object
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from agents import ALGORITHM_CLASSES, PolicyGradientAlgorithm, References
+from sage_env.backbones import VideoBackbone, load_backbone
+from sage_env.env import DenoisingVectorEnv, Trajectory
+from sage_env.rewards import CompositeReward
+from sage_trl import _trl_compat
+from sage_trl.config import SageGRPOConfig
+from sage_trl.lora import add_lora, load_lora_state, save_lora_adapter
+
+__all__ = ["SageGRPOTrainer"]
+
+STATE_FILE = "sage_state.pt"
+CONFIG_FILE = "sage_config.json"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_UNSUPPORTED_ARGUMENTS = {
+    "processing_class": "video backbones bring their own text encoders",
+    "reward_processing_classes": "reward functions take decoded videos",
+    "tools": "tool calling is for language models",
+    "rollout_func": "rollouts run through sage_env's denoising environment",
+    "environment_factory": "the environment is sage_env's DenoisingVectorEnv",
+    "quantization_config": "quantised video transformers are not supported yet",
+}
+
+
+class _AlgorithmCallback(TrainerCallback):
+    """After every optimizer step: KL coefficient update and moving-anchor refresh (on every process)."""
+
+    def __init__(self, trainer: SageGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer._after_optimizer_step()
+
+
+class SageGRPOTrainer(GRPOTrainer):
+    """Trainer for RL post-training of flow-matching text-to-video models (SAGE-GRPO by default).
+
+    Args:
+        model: a `VideoBackbone`, or a path / Hub id / ``"toy"`` loaded with `sage_env.backbones.load_backbone`
+            (None: ``args.model_name_or_path``).
+        reward_funcs: a reward function, a list of them, or a `sage_env.rewards.CompositeReward`; weighted by
+            ``args.reward_weights`` (one per function, TRL style), ``args.reward_component_weights`` or
+            ``args.reward_preset``.
+        args: a `SageGRPOConfig`.
+        train_dataset: a `datasets.Dataset` with a ``prompt`` column, or a list of prompt strings.
+        eval_dataset: not supported yet (pass None).
+        callbacks: extra `transformers.TrainerCallback` objects.
+        optimizers: ``(optimizer, lr_scheduler)`` as in `transformers.Trainer`.
+        peft_config: a ``peft.LoraConfig`` to train a LoRA adapter (targets default to the backbone's); full
+            fine-tuning when None.
+
+    ``processing_class``, ``reward_processing_classes``, ``tools``, ``rollout_func``, ``environment_factory`` and
+    ``quantization_config`` are accepted for signature compatibility with `GRPOTrainer` and raise when set.
+    """
+
+    _tag_names: ClassVar[list[str]] = ["trl", "sage-grpo", "text-to-video"]
+    _name = "SAGE-GRPO"
+    loss_is_scaled_for_ga = True  # compute_loss divides by the accumulation steps itself
+
+    def __init__(
+        self,
+        model: VideoBackbone | str | None,
+        reward_funcs: Callable | Sequence[Callable] | CompositeReward,
+        args: SageGRPOConfig | None = None,
+        train_dataset: Dataset | Sequence[str] | None = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        reward_processing_classes: Any = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        quantization_config: Any = None,
+        peft_config: Any = None,
+        tools: Any = None,
+        rollout_func: Any = None,
+        environment_factory: Any = None,
+    ) -> None:
+        self._refuse_unsupported(locals())
+        if eval_dataset is not None:
+            raise ValueError(
+                "eval_dataset is not supported yet; evaluate with sage_env and agents.act on held-out prompts."
+            )
+        args = args if args is not None else SageGRPOConfig(output_dir="sage-grpo-output")
+        if not isinstance(args, SageGRPOConfig):
+            raise ValueError(f"args must be a SageGRPOConfig, got {type(args).__name__}.")
+        self.backbone = self._load_backbone(model, args)
+        self.peft_config = add_lora(self.backbone, peft_config) if peft_config is not None else None
+        if peft_config is None:
+            self.backbone.transformer.requires_grad_(True)
+        algorithm_config = args.algorithm_config()
+        self.algorithm: PolicyGradientAlgorithm = ALGORITHM_CLASSES[args.algorithm](algorithm_config)
+        self.reward = self._composite_reward(reward_funcs, args)
+        train_dataset = self._prompt_dataset(train_dataset)
+        _trl_compat.transformers_trainer_init(
+            self,
+            model=self.backbone.transformer,
+            args=args,
+            data_collator=_trl_compat.grpo_data_collator,
+            train_dataset=train_dataset,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        _trl_compat.init_grpo_state(self, args)
+        if args.diffusers_gradient_checkpointing:
+            self.backbone.transformer.enable_gradient_checkpointing()
+        self.references: References = self.algorithm.build_references(self.backbone.transformer)
+        self.env = self._build_env(args)
+        self._generation_round = 0
+        self._kl_values: list[float] = []
+        self.add_callback(_AlgorithmCallback(self))
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _refuse_unsupported(arguments: dict[str, Any]) -> None:
+        for name, reason in _UNSUPPORTED_ARGUMENTS.items():
+            if arguments.get(name) is not None:
+                raise ValueError(f"SageGRPOTrainer does not take {name}: {reason}.")
+
+    @staticmethod
+    def _load_backbone(model: VideoBackbone | str | None, args: SageGRPOConfig) -> VideoBackbone:
+        dtype = (
+            _DTYPES[args.torch_dtype]
+            if args.torch_dtype
+            else (torch.bfloat16 if args.bf16 else torch.float32)
+        )
+        return load_backbone(
+            model if model is not None else args.model_name_or_path,
+            backbone=args.backbone,
+            torch_dtype=dtype,
+            device=args.device,
+        )
+
+    @staticmethod
+    def _composite_reward(reward_funcs: Any, args: SageGRPOConfig) -> CompositeReward:
+        if isinstance(reward_funcs, CompositeReward):
+            return reward_funcs
+        return CompositeReward(reward_funcs, args.reward_weights_for_composite())
+
+    @staticmethod
+    def _prompt_dataset(train_dataset: Any) -> Dataset:
+        if train_dataset is None:
+            raise ValueError(
+                "train_dataset is required: a datasets.Dataset with a 'prompt' column or a list of prompts."
+            )
+        if isinstance(train_dataset, Dataset):
+            if "prompt" not in train_dataset.column_names:
+                raise ValueError(
+                    f"train_dataset needs a 'prompt' column, it has {train_dataset.column_names}."
+                )
+            return train_dataset
+        prompts = list(train_dataset)
+        if not prompts or not all(isinstance(p, str) and p for p in prompts):
+            raise ValueError(
+                "train_dataset must be a non-empty list of prompt strings or a Dataset with 'prompt'."
+            )
+        return Dataset.from_dict({"prompt": prompts})
+
+    def _build_env(self, args: SageGRPOConfig) -> DenoisingVectorEnv:
+        local_samples = args.per_device_train_batch_size * args.steps_per_generation
+        return DenoisingVectorEnv(
+            self.backbone,
+            self.reward,
+            num_envs=local_samples,
+            group_size=1,
+            num_frames=args.num_frames,
+            height=args.height,
+            width=args.width,
+            num_steps=args.num_inference_steps,
+            shift=args.shift,
+            sde=args.sde,
+            eta=args.eta,
+            sde_window=tuple(args.sde_window) if args.sde_window else None,
+            log_prob_kind=args.log_prob_kind,
+            fps=args.fps,
+            device=self.accelerator.device,
+        )
+
+    # -- rollouts --------------------------------------------------------------------------------
+
+    def _rollout_seeds(self, count: int) -> list[int]:
+        """One seed per sample from (seed, generation round, global sample index): a sample's noise does not
+        depend on how many processes share the batch."""
+        offset = self.accelerator.process_index * count
+        base = np.random.SeedSequence([self.args.seed, self._generation_round])
+        seeds = base.generate_state(offset + count, dtype=np.uint32)[offset:]
+        return [int(s) & 0x7FFFFFFF for s in seeds]
+
+    def _rollout(self, prompts: list[str], seeds: list[int]) -> Trajectory:
+        observation, _ = self.env.reset(options={"prompts": prompts, "seeds": seeds})
+        conditioning = self.backbone.encode_prompts(prompts, self.args.negative_prompt)
+        was_training = self.backbone.transformer.training
+        self.backbone.transformer.eval()
+        try:
+            while True:
+                with torch.no_grad():
+                    velocity = self.backbone.predict_velocity(
+                        observation["latents"], observation["sigma"], conditioning, self.args.guidance_scale
+                    )
+                observation, _, terminated, _, _ = self.env.step(velocity)
+                if bool(terminated.all()):
+                    return self.env.trajectory
+        finally:
+            self.backbone.transformer.train(was_training)
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Roll out the local prompts, gather rewards across processes, and return the local training batch."""
+        if not self.model.training:
+            raise ValueError("Evaluation is not supported by SageGRPOTrainer yet.")
+        prompts = [row["prompt"] for row in inputs]
+        start = time.perf_counter()
+        trajectory = self._rollout(prompts, self._rollout_seeds(len(prompts)))
+        self._generation_round += 1
+        rollout_time = time.perf_counter() - start
+        advantages, usable = self._global_advantages(trajectory, prompts)
+        self._log_rollout_metrics(trajectory, rollout_time, time.perf_counter() - start - rollout_time)
+        # Tensors first: TRL's split_tensor_dict sizes chunks from the first value.
+        return {
+            "latents": trajectory.latents,
+            "sigmas": trajectory.sigmas,
+            "log_probs": trajectory.log_probs,
+            "stds": trajectory.stds,
+            "trainable": trajectory.trainable,
+            "advantages": advantages,
+            "usable": usable,
+            "seeds": trajectory.seeds.to(self.accelerator.device),
+            "prompt": list(trajectory.prompts),
+        }
+
+    def _global_advantages(
+        self, trajectory: Trajectory, prompts: list[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advantages over all processes' samples (groups may span processes), sliced to this process."""
+        device = self.accelerator.device
+        rewards = trajectory.rewards
+        total = gather(rewards.total.to(device))
+        valid = gather(rewards.valid.to(device))
+        all_prompts = gather_object(prompts)
+        group_index = torch.arange(len(total), device=device) // self.num_generations
+        advantages, usable = self.algorithm.compute_advantages(all_prompts, total, valid, group_index)
+        local = slice(
+            self.accelerator.process_index * len(prompts), (self.accelerator.process_index + 1) * len(prompts)
+        )
+        self._metrics["train"]["train/advantage_mean_abs"].append(
+            float(advantages[usable].abs().mean()) if usable.any() else 0.0
+        )
+        self._metrics["train"]["train/frac_groups_without_signal"].append(
+            float((~usable[valid]).float().mean()) if valid.any() else 1.0
+        )
+        return advantages[local].to(device), usable[local].to(device)
+
+    def _log_rollout_metrics(self, trajectory: Trajectory, rollout_time: float, scoring_time: float) -> None:
+        rewards, device, metrics = trajectory.rewards, self.accelerator.device, self._metrics["train"]
+        valid = gather(rewards.valid.to(device))
+        for name, scores in sorted(rewards.components.items()):
+            values = gather(scores.to(device))
+            metrics[f"reward/{name}"].append(float(values[valid].mean()) if valid.any() else float("nan"))
+        total = gather(rewards.total.to(device))
+        metrics["reward/total"].append(float(total[valid].mean()) if valid.any() else float("nan"))
+        metrics["reward/total_std"].append(
+            float(total[valid].std(unbiased=False)) if valid.sum() > 1 else 0.0
+        )
+        metrics["reward/invalid_count"].append(float((~valid).sum()))
+        stds = trajectory.stds[trajectory.trainable]
+        metrics["rollout/exploration_std"].append(float(stds.mean()) if stds.numel() else 0.0)
+        metrics["time/rollout"].append(rollout_time)
+        metrics["time/advantages"].append(scoring_time)
+
+    # -- loss ------------------------------------------------------------------------------------
+
+    def _trajectory_from_inputs(self, inputs: dict[str, Any]) -> Trajectory:
+        return Trajectory(
+            prompts=tuple(inputs["prompt"]),
+            group_index=torch.zeros(len(inputs["prompt"]), dtype=torch.long),
+            seeds=inputs["seeds"],
+            sigmas=inputs["sigmas"],
+            latents=inputs["latents"],
+            log_probs=inputs["log_probs"],
+            stds=inputs["stds"],
+            trainable=inputs["trainable"],
+            sde_types=self.env.step_sde_types,
+            eta=self.env.eta,
+            log_prob_kind=self.env.log_prob_kind,
+        )
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> torch.Tensor:
+        """Loss of this step's samples over their selected timesteps, in micro-batches of pairs.
+
+        All micro-batches but the last are backpropagated here without gradient synchronisation; the last
+        one's loss is returned for `transformers.Trainer.training_step` to backpropagate (and synchronise).
+        The returned value equals the whole step's loss for logging.
+        """
+        if return_outputs:
+            raise ValueError("SageGRPOTrainer.compute_loss does not return outputs.")
+        start = time.perf_counter()
+        trajectory = self._trajectory_from_inputs(inputs)
+        batch = self.algorithm.transitions(
+            trajectory, inputs["advantages"], inputs["usable"], self.backbone, on_policy=self._on_policy()
+        )
+        if (
+            len(batch) == 0
+        ):  # every group without signal: a zero loss that still touches every trainable weight
+            return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+        chunk_size = len(batch) if self.is_deepspeed_enabled else self.args.micro_batch_size
+        chunks = list(batch.chunks(chunk_size))
+        scale = 1.0 / self.current_gradient_accumulation_steps
+        step_metrics: dict[str, float] = defaultdict(float)
+        earlier_total = 0.0
+        for index, chunk in enumerate(chunks):
+            weight = len(chunk) / len(batch)
+            loss, metrics = self._chunk_loss(model, chunk)
+            for name, value in metrics.items():
+                step_metrics[name] += float(value) * weight
+            if index < len(chunks) - 1:
+                with self.accelerator.no_sync(model):
+                    self.accelerator.backward(loss * weight * scale)
+                earlier_total += float(loss.detach()) * weight * scale
+        self._record_step_metrics(step_metrics, time.perf_counter() - start)
+        final = loss * weight * scale
+        return final + earlier_total
+
+    def _on_policy(self) -> bool:
+        """True when every step of a generation cycle comes before its first optimizer step (as in TRL)."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every == 0
+
+    def _chunk_loss(self, model: torch.nn.Module, chunk: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.algorithm.loss(self._policy_view(model), chunk, self.references)
+
+    def _policy_view(self, model: torch.nn.Module) -> VideoBackbone:
+        """The backbone, calling the (possibly DDP-wrapped) ``model`` for its forward."""
+        if model is self.backbone.transformer:
+            return self.backbone
+        return _WrappedPolicy(self.backbone, model)
+
+    def _record_step_metrics(self, metrics: dict[str, float], seconds: float) -> None:
+        for name, value in metrics.items():
+            self._metrics["train"][name].append(value)
+        self._metrics["train"]["time/train_step"].append(seconds)
+        self._kl_values.append(metrics.get("kl/total", 0.0))
+
+    def _after_optimizer_step(self) -> None:
+        local = sum(self._kl_values) / len(self._kl_values) if self._kl_values else 0.0
+        kl_value = float(self.accelerator.reduce(torch.tensor(local, device=self.accelerator.device), "mean"))
+        self._kl_values = []
+        self.algorithm.after_optimizer_step(kl_value, self.references)
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Save the adapter (diffusers LoRA format) or the full transformer (diffusers folder) and the config."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        os.makedirs(output_dir, exist_ok=True)
+        if self.peft_config is not None:
+            save_lora_adapter(self.backbone, output_dir, state_dict=state_dict)
+        else:
+            self.backbone.transformer.save_pretrained(
+                os.path.join(output_dir, "transformer"), state_dict=state_dict
+            )
+        with open(os.path.join(output_dir, CONFIG_FILE), "w") as handle:
+            json.dump(self.args.to_dict(), handle, indent=2, default=str)
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        """Write ``checkpoint-N`` atomically: everything goes to a staging folder renamed at the end, so a
+        crash mid-write leaves the previous checkpoint as the latest one."""
+        run_dir = self._get_output_dir(trial=trial)
+        final = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
+        staging = os.path.join(run_dir, f"tmp-checkpoint-{self.state.global_step}")
+        if self.args.should_save and os.path.exists(staging):
+            shutil.rmtree(staging)
+        self.accelerator.wait_for_everyone()
+        self.store_flos()
+        self.save_model(staging, _internal_call=True)
+        _trl_compat.save_trainer_checkpoint_parts(self, staging)
+        if self.args.should_save:
+            torch.save(self._sage_state(), os.path.join(staging, STATE_FILE))
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            _replace_directory(staging, final)
+            if self.args.push_to_hub:
+                self._push_from_checkpoint(final)
+            _trl_compat.rotate_checkpoints(self, run_dir)
+        self.accelerator.wait_for_everyone()
+
+    def _sage_state(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm.state_dict(),
+            "anchor": self.references.anchor.state_dict() if self.references.anchor is not None else None,
+            "step": self._step,
+            "generation_round": self._generation_round,
+            "buffered_inputs": self._buffered_inputs,
+            "kl_values": list(self._kl_values),
+        }
+
+    def _load_from_checkpoint(
+        self, resume_from_checkpoint: str, model: torch.nn.Module | None = None
+    ) -> None:
+        """Restore weights (adapter or transformer) and the algorithm state from ``resume_from_checkpoint``."""
+        if self.peft_config is not None:
+            load_lora_state(self.backbone.transformer, resume_from_checkpoint)
+        else:
+            loaded = type(self.backbone.transformer).from_pretrained(
+                os.path.join(resume_from_checkpoint, "transformer")
+            )
+            self.backbone.transformer.load_state_dict(loaded.state_dict())
+        state_path = Path(resume_from_checkpoint) / STATE_FILE
+        if not state_path.is_file():
+            raise ValueError(
+                f"{resume_from_checkpoint} has no {STATE_FILE}; it was not written by SageGRPOTrainer."
+            )
+        state = torch.load(state_path, weights_only=False, map_location=self.accelerator.device)
+        self.algorithm.load_state_dict(state["algorithm"])
+        if self.references.anchor is not None:
+            self.references.anchor.load_state_dict(state["anchor"])
+        self._step, self._generation_round = state["step"], state["generation_round"]
+        self._buffered_inputs, self._kl_values = state["buffered_inputs"], state["kl_values"]
+
+
+class _WrappedPolicy:
+    """A view of a backbone whose `predict_velocity` calls another module (the DDP-wrapped transformer)."""
+
+    def __init__(self, backbone: VideoBackbone, module: torch.nn.Module) -> None:
+        self.backbone, self.module = backbone, module
+
+    def predict_velocity(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.backbone.predict_velocity(*args, transformer=self.module, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backbone, name)
+
+
+def _replace_directory(source: str, target: str) -> None:
+    """Move ``source`` to ``target``; an existing ``target`` is removed only after the move is staged."""
+    if os.path.exists(target):
+        retired = f"{target}.old"
+        shutil.rmtree(retired, ignore_errors=True)
+        os.replace(target, retired)
+        os.replace(source, target)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(source, target)

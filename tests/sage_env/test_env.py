@@ -1,0 +1,286 @@
+"""DenoisingEnv / DenoisingVectorEnv: gymnasium contract, seeding, recording and errors (analytic backbone)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env, data_equivalence
+
+import sage_env
+from sage_env import sde
+from sage_env.env import DenoisingEnv, DenoisingVectorEnv
+from tests.doubles import LinearBackbone, mean_brightness
+
+PROMPTS = ["a red ball moving left", "a blue cube moving up", "a green ball moving down"]
+SIZE = {"num_frames": 2, "height": 4, "width": 4}
+
+
+def make_vector_env(**kwargs) -> DenoisingVectorEnv:
+    arguments = {"num_envs": 4, "group_size": 2, "num_steps": 4, "sde": "sage", "eta": 0.7, **SIZE}
+    arguments.update(kwargs)
+    backbone = arguments.pop("backbone", None) or LinearBackbone()
+    reward_fn = arguments.pop("reward_fn", mean_brightness)
+    return DenoisingVectorEnv(backbone, reward_fn, PROMPTS, **arguments)
+
+
+def rollout(env: DenoisingVectorEnv, seed: int | None = 0, options: dict | None = None):
+    """Drive the env with its own backbone (no CFG); return the final step's outputs."""
+    observation, _ = env.reset(seed=seed, options=options)
+    conditioning = env.backbone.encode_prompts(list(observation["prompt"]))
+    while True:
+        with torch.no_grad():
+            velocity = env.backbone.predict_velocity(
+                torch.as_tensor(observation["latents"]), torch.as_tensor(observation["sigma"]), conditioning
+            )
+        observation, reward, terminated, truncated, info = env.step(velocity)
+        if bool(terminated[0]):
+            return observation, reward, terminated, truncated, info
+
+
+# ------------------------------------------------------------------------------------------
+# gymnasium contract
+# ------------------------------------------------------------------------------------------
+
+
+def test_check_env_passes_in_numpy_mode() -> None:
+    env = DenoisingEnv(LinearBackbone(), mean_brightness, PROMPTS, num_steps=3, array_mode="numpy", **SIZE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Box(-inf, inf) latents are intended
+        check_env(env, skip_render_check=True)
+
+
+def check_vector_env(env: DenoisingVectorEnv, seed: int = 3) -> None:
+    """The checks of gymnasium's check_env, applied to a vector env (gymnasium 1.4 has no vector checker)."""
+    observation, _ = env.reset(seed=seed)
+    assert env.observation_space.contains(observation)
+    again, _ = env.reset(seed=seed)
+    assert data_equivalence(observation, again, exact=True)
+    env.action_space.seed(seed)
+    action = env.action_space.sample()
+    assert env.action_space.contains(action)
+    env.reset(seed=seed)
+    first = env.step(action)
+    first_copy = [np.copy(x) if isinstance(x, np.ndarray) else x for x in first[:4]]
+    env.reset(seed=seed)
+    second = env.step(action)
+    assert data_equivalence(first_copy[0], second[0], exact=True)
+    assert data_equivalence(first[4], second[4], exact=True)
+    assert not np.shares_memory(first[0]["latents"], second[0]["latents"])
+    third = env.step(action)
+    assert not np.shares_memory(second[0]["latents"], third[0]["latents"])
+    assert env.observation_space.contains(third[0])
+    for value in (third[1], third[2], third[3], third[4]["log_prob"]):
+        assert value.shape == (env.num_envs,)
+    assert third[1].dtype == np.float32 and third[2].dtype == np.bool_
+
+
+def test_vector_env_follows_the_gymnasium_contract() -> None:
+    check_vector_env(make_vector_env(array_mode="numpy"))
+
+
+def test_observation_layout_and_groups() -> None:
+    env = make_vector_env(num_envs=6, group_size=3)
+    observation, info = env.reset(seed=1)
+    assert observation["latents"].shape == (6, 3, 2, 4, 4) and observation["latents"].dtype == torch.float32
+    assert observation["sigma"].tolist() == [1.0] * 6 and observation["step"].tolist() == [0] * 6
+    prompts = observation["prompt"]
+    assert prompts[0] == prompts[1] == prompts[2] and prompts[3] == prompts[4] == prompts[5]
+    assert prompts[0] != prompts[3]  # distinct prompts per batch when the list allows it
+    assert len(set(info["seeds"].tolist())) == 6
+
+
+def test_env_ids_are_registered_with_a_vector_entry_point() -> None:
+    for env_id in ("sage_env/Wan-v0", "sage_env/HunyuanVideo15-v0", "sage_env/Toy-v0"):
+        spec = gym.spec(env_id)
+        assert spec.vector_entry_point is not None
+    assert set(sage_env.ENV_IDS) >= {"sage_env/Wan-v0", "sage_env/HunyuanVideo15-v0", "sage_env/Toy-v0"}
+
+
+# ------------------------------------------------------------------------------------------
+# Seeding and recording
+# ------------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_trajectory_bit_for_bit() -> None:
+    env = make_vector_env()
+    rollout(env, seed=11)
+    first = env.trajectory
+    rollout(env, seed=11)
+    second = env.trajectory
+    assert first.prompts == second.prompts
+    assert torch.equal(first.latents, second.latents) and torch.equal(first.log_probs, second.log_probs)
+    assert torch.equal(first.rewards.total, second.rewards.total)
+    rollout(env, seed=12)
+    assert not torch.equal(first.latents[:, -1], env.trajectory.latents[:, -1])
+
+
+def test_fixed_prompts_and_seeds_through_options() -> None:
+    env = make_vector_env()
+    options = {"prompts": ["a cat", "a dog"], "seeds": [5, 6, 7, 8]}
+    rollout(env, seed=None, options=options)
+    trajectory = env.trajectory
+    assert trajectory.prompts == ("a cat", "a cat", "a dog", "a dog")
+    assert trajectory.seeds.tolist() == [5, 6, 7, 8]
+    expected_noise = sde.sample_noise((1, 3, 2, 4, 4), [torch.Generator().manual_seed(7)], "cpu")
+    assert torch.equal(trajectory.latents[2, 0], expected_noise[0])
+
+
+def test_recorded_log_probs_match_recomputation() -> None:
+    env = make_vector_env(sde="flow_grpo", eta=0.6)
+    rollout(env)
+    trajectory = env.trajectory
+    backbone = env.backbone
+    conditioning = backbone.encode_prompts(list(trajectory.prompts))
+    assert trajectory.latents.shape == (4, 5, 3, 2, 4, 4)
+    for step in range(trajectory.num_steps):
+        latents = trajectory.latents[:, step]
+        with torch.no_grad():
+            velocity = backbone.predict_velocity(latents, trajectory.sigmas[:, step], conditioning)
+        out = sde.sde_step(
+            "flow_grpo",
+            latents,
+            velocity,
+            trajectory.sigmas[:, step],
+            trajectory.sigmas[:, step + 1],
+            0.6,
+            x_next=trajectory.latents[:, step + 1],
+        )
+        torch.testing.assert_close(out.log_prob, trajectory.log_probs[:, step], rtol=0, atol=1e-6)
+        torch.testing.assert_close(out.std, trajectory.stds[:, step])
+    assert not trajectory.log_probs.requires_grad
+
+
+@pytest.mark.parametrize("sde_type", sde.SDE_TYPES)
+def test_every_sde_type_runs_end_to_end(sde_type: str) -> None:
+    env = make_vector_env(sde=sde_type, eta=0.5)
+    _, reward, terminated, truncated, _ = rollout(env)
+    assert terminated.all() and not truncated.any()
+    assert torch.isfinite(reward).all() and reward.shape == (4,)
+    trajectory = env.trajectory
+    assert torch.isfinite(trajectory.log_probs).all()
+    expect_stochastic = sde_type != "ode"
+    assert bool(trajectory.trainable[:, 0].all()) == expect_stochastic
+    assert trajectory.videos.shape == (4, 2, 3, 4, 4)
+    torch.testing.assert_close(reward, mean_brightness(trajectory.videos, trajectory.prompts))
+
+
+def test_sde_window_makes_outer_steps_deterministic() -> None:
+    env = make_vector_env(num_steps=6, sde_window=(1, 3))
+    rollout(env)
+    trajectory = env.trajectory
+    assert trajectory.sde_types == ("ode", "sage", "sage", "ode", "ode", "ode")
+    assert trajectory.trainable.tolist() == [[False, True, True, False, False, False]] * 4
+    assert (trajectory.stds[:, [0, 3, 4, 5]] == 0).all()
+
+
+def test_intermediate_rewards_are_zero_and_final_info_has_components() -> None:
+    env = make_vector_env()
+    env.reset(seed=0)
+    action = torch.zeros(4, 3, 2, 4, 4)
+    _, reward, terminated, _, info = env.step(action)
+    assert reward.eq(0).all() and not terminated.any() and "reward_components" not in info
+    for _ in range(3):
+        _, reward, terminated, _, info = env.step(action)
+    assert terminated.all()
+    assert set(info["reward_components"]) == {"mean_brightness"}
+    assert info["reward_valid"].all() and info["reward_errors"] == (None,) * 4
+
+
+def test_failed_reward_is_nan_and_reported_not_zero() -> None:
+    def fragile(videos, prompts, **kwargs):
+        if any("dog" in p for p in prompts):
+            raise RuntimeError("reward model crashed on a dog")
+        return videos.mean(dim=(1, 2, 3, 4))
+
+    env = make_vector_env(reward_fn=fragile)
+    _, reward, _, _, info = rollout(env, seed=None, options={"prompts": ["a cat", "a dog"]})
+    assert torch.isfinite(reward[:2]).all() and torch.isnan(reward[2:]).all()
+    assert info["reward_valid"].tolist() == [True, True, False, False]
+    assert "reward model crashed on a dog" in info["reward_errors"][2]
+    assert env.trajectory.rewards.num_invalid == 2
+
+
+def test_trajectory_select_keeps_rows_consistent() -> None:
+    env = make_vector_env()
+    rollout(env)
+    picked = env.trajectory.select([3, 0])
+    assert picked.prompts == (env.trajectory.prompts[3], env.trajectory.prompts[0])
+    assert torch.equal(picked.latents[0], env.trajectory.latents[3])
+    assert torch.equal(picked.rewards.total, env.trajectory.rewards.total[[3, 0]])
+
+
+def test_single_env_reset_options_and_unbatched_outputs() -> None:
+    env = DenoisingEnv(LinearBackbone(), mean_brightness, PROMPTS, num_steps=2, **SIZE)
+    observation, _ = env.reset(options={"prompt": "a yellow ball", "seed": 4})
+    assert observation["prompt"] == "a yellow ball" and observation["latents"].shape == (3, 2, 4, 4)
+    observation, reward, terminated, truncated, _ = env.step(torch.zeros(3, 2, 4, 4))
+    assert reward == 0.0 and not terminated
+    observation, reward, terminated, truncated, _ = env.step(torch.zeros(3, 2, 4, 4))
+    assert terminated and not truncated and isinstance(reward, float) and math.isfinite(reward)
+    assert env.trajectory.seeds.tolist() == [4]
+
+
+def test_render_returns_uint8_frames() -> None:
+    env = make_vector_env(render_mode="rgb_array")
+    env.reset(seed=0)
+    frames = env.render()
+    assert len(frames) == 4 and frames[0].shape == (2, 4, 4, 3) and frames[0].dtype == np.uint8
+
+
+# ------------------------------------------------------------------------------------------
+# Errors
+# ------------------------------------------------------------------------------------------
+
+
+def test_bad_actions_raise_clear_errors() -> None:
+    env = make_vector_env()
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(torch.zeros(4, 3, 2, 4, 4))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="shape"):
+        env.step(torch.zeros(4, 3, 2, 4, 5))
+    with pytest.raises(ValueError, match="float"):
+        env.step(torch.zeros(4, 3, 2, 4, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        env.step(torch.full((4, 3, 2, 4, 4), float("nan")))
+    with pytest.raises(ValueError, match=r"torch\.Tensor or numpy"):
+        env.step([0.0] * 4)
+    for _ in range(4):
+        env.step(torch.zeros(4, 3, 2, 4, 4))
+    with pytest.raises(RuntimeError, match="episode has ended"):
+        env.step(torch.zeros(4, 3, 2, 4, 4))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_envs": 5, "group_size": 2}, "must divide num_envs"),
+        ({"sde": "euler"}, "Unknown SDE type"),
+        ({"eta": -0.5}, "eta"),
+        ({"sde_window": (2, 9)}, "sde_window"),
+        ({"array_mode": "jax"}, "array_mode"),
+        ({"reward_fn": None}, "reward_fn is required"),
+        ({"log_prob_kind": "laplace"}, "log_prob_kind"),
+        ({"sigmas": torch.tensor([1.0, 0.5])}, "end at sigma = 0"),
+    ],
+)
+def test_bad_construction_raises_clear_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_vector_env(**kwargs)
+
+
+def test_bad_reset_options_raise_clear_errors() -> None:
+    env = make_vector_env()
+    with pytest.raises(ValueError, match="one prompt per group"):
+        env.reset(options={"prompts": ["only one"]})
+    with pytest.raises(ValueError, match="one seed per sample"):
+        env.reset(options={"seeds": [1, 2]})
+    with pytest.raises(ValueError, match="Unknown reset options"):
+        env.reset(options={"prompt": "x"})
+    with pytest.raises(ValueError, match="DenoisingVectorEnv"):
+        DenoisingEnv(LinearBackbone(), mean_brightness, PROMPTS, num_envs=2, **SIZE)
