@@ -28,6 +28,7 @@ from trl.trainer.utils import identity
 __all__ = [
     "GRPO_REUSED_METHODS",
     "TRAINER_PRIVATE_METHODS",
+    "TRAIN_TIME_ATTRIBUTES",
     "grpo_data_collator",
     "init_grpo_state",
     "rotate_checkpoints",
@@ -54,6 +55,9 @@ TRAINER_PRIVATE_METHODS = (
     "_push_from_checkpoint",
 )
 """transformers.Trainer methods used to write checkpoints atomically (see `save_trainer_checkpoint_parts`)."""
+
+TRAIN_TIME_ATTRIBUTES = ("current_gradient_accumulation_steps",)
+"""Attributes the reused methods read that `transformers.Trainer` sets when training starts."""
 
 grpo_data_collator = identity
 """GRPO's collator: rows are passed through as a list of dicts."""

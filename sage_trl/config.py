@@ -58,7 +58,7 @@ class SageGRPOConfig(GRPOConfig):
 
     Defaults that differ from `GRPOConfig` because this is diffusion: ``num_generations=4`` (paper),
     ``logging_steps=1``, ``bf16`` only when CUDA is available (no bf16 autocast on CPU),
-    ``gradient_checkpointing`` through diffusers' ``enable_gradient_checkpointing``, ``report_to="none"``.
+    ``gradient_checkpointing`` through diffusers' ``enable_gradient_checkpointing``, ``save_strategy="no"``.
     """
 
     # -- model --------------------------------------------------------------------------------
@@ -197,9 +197,6 @@ class SageGRPOConfig(GRPOConfig):
     gradient_checkpointing: bool = field(
         default=False,
         metadata=_help("Recompute activations in backward (diffusers' enable_gradient_checkpointing)."),
-    )
-    report_to: str | list[str] | None = field(
-        default="none", metadata=_help("tensorboard, wandb, ... or none.")
     )
     save_strategy: str = field(
         default="no", metadata=_help("no | steps | epoch; checkpoints carry everything to resume.")

@@ -6,13 +6,21 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from diffusers.loaders import PeftAdapterMixin
 
 from sage_env.backbones import PromptConditioning, VideoBackbone
 
 
-class LinearVideoModel(torch.nn.Module):
-    """velocity = W x + b + prompt embedding: enough parameters to train, cheap enough for every test."""
+class LinearVideoModel(ModelMixin, ConfigMixin, PeftAdapterMixin):
+    """velocity = W x + b + prompt embedding: enough parameters to train, cheap enough for every test.
 
+    A diffusers model (config, ``save_pretrained``/``from_pretrained``, LoRA through ``add_adapter``) like the
+    real video transformers.
+    """
+
+    @register_to_config
     def __init__(self, channels: int = 3, embed_dim: int = 8) -> None:
         super().__init__()
         self.mix = torch.nn.Conv3d(channels, channels, kernel_size=1)
@@ -32,7 +40,7 @@ class LinearBackbone(VideoBackbone):
     Prompt embeddings are a deterministic hash of the prompt text; ``encode_calls`` counts real encodings.
     """
 
-    default_lora_target_modules = ("mix", "prompt_proj")
+    default_lora_target_modules = ("prompt_proj", "sigma_proj")
     default_fps = 8.0
 
     def __init__(self, seed: int = 0) -> None:
