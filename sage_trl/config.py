@@ -179,6 +179,12 @@ class SageGRPOConfig(GRPOConfig):
             'Explicit {component: weight} (JSON string on the CLI), overriding reward_preset, e.g. {"vq": 1, "ta": 2}.'
         ),
     )
+    hub_license: str | None = field(
+        default=None,
+        metadata=_help(
+            "License of the pushed adapter (model card metadata), e.g. apache-2.0; required to push to the Hub."
+        ),
+    )
     # -- TRL fields whose defaults or meaning change --------------------------------------------
     num_generations: int | None = field(default=4, metadata=_help("Group size G. Paper: 4."))
     learning_rate: float | None = field(

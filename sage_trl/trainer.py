@@ -28,7 +28,7 @@ from agents import ALGORITHM_CLASSES, PolicyGradientAlgorithm, References
 from sage_env.backbones import VideoBackbone, load_backbone
 from sage_env.env import DenoisingVectorEnv, Trajectory
 from sage_env.rewards import CompositeReward
-from sage_trl import _trl_compat
+from sage_trl import _trl_compat, hub
 from sage_trl.config import SageGRPOConfig
 from sage_trl.lora import add_lora, load_lora_state, save_lora_adapter
 
@@ -374,6 +374,52 @@ class SageGRPOTrainer(GRPOTrainer):
         kl_value = float(self.accelerator.reduce(torch.tensor(local, device=self.accelerator.device), "mean"))
         self._kl_values = []
         self.algorithm.after_optimizer_step(kl_value, self.references)
+
+    # -- training, Hub ----------------------------------------------------------------------------
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """`transformers.Trainer.train`, then mark ``output_dir`` complete (only finished runs can be pushed)."""
+        output = super().train(*args, **kwargs)
+        if self.is_world_process_zero():
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            hub.mark_training_complete(self.args.output_dir, self.state.global_step, self.state.max_steps)
+        return output
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Before training with ``push_to_hub=True``: check license, token and network and create the repo, so a
+        push that cannot happen fails now rather than after training."""
+        self.hub_model_id = hub.init_hub_repo(self.args, token=token)
+        self.push_in_progress = None
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Save and upload ``output_dir`` (diffusers-format adapter, config, curves, samples, model card).
+
+        Refuses an output folder whose training did not finish. Only the main process uploads.
+        """
+        self.save_model(_internal_call=True)
+        if not self.is_world_process_zero():
+            return None
+        return hub.push_training_output(
+            self.args,
+            repo_id=getattr(self, "hub_model_id", None),
+            commit_message=commit_message or "End of training",
+            token=token,
+            private=private,
+            license=kwargs.pop("license", None),
+            **kwargs,
+        )
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Intermediate push of a checkpoint following ``hub_strategy`` (the adapter in the diffusers format)."""
+        hub.push_checkpoint(self.args, checkpoint_folder, repo_id=getattr(self, "hub_model_id", None))
 
     # -- saving ----------------------------------------------------------------------------------
 

@@ -87,6 +87,8 @@ class VideoBackbone(ABC):
     transformer: torch.nn.Module
     default_lora_target_modules: tuple[str, ...] = ()
     default_fps: float = 16.0
+    default_guidance_scale: float = 1.0
+    """The CFG scale ``pipe(...)`` uses by default; ``predict_velocity(..., guidance_scale=None)`` applies it."""
 
     def __init__(self) -> None:
         self._prompt_cache: dict[tuple[str, str | None], PromptConditioning] = {}
@@ -135,11 +137,12 @@ class VideoBackbone(ABC):
         latents: torch.Tensor,
         sigma: torch.Tensor,
         conditioning: PromptConditioning,
-        guidance_scale: float = 1.0,
+        guidance_scale: float | None = 1.0,
         *,
         transformer: torch.nn.Module | None = None,
     ) -> torch.Tensor:
-        """Velocity for ``latents`` ``(B, *latent_shape)`` at per-sample ``sigma`` ``(B,)``, after CFG.
+        """Velocity for ``latents`` ``(B, *latent_shape)`` at per-sample ``sigma`` ``(B,)``, after CFG
+        (``guidance_scale=None``: `default_guidance_scale`).
 
         Returns a float32 tensor shaped like ``latents``. Differentiable with respect to the parameters of
         `transformer` when called with gradients enabled. ``transformer`` overrides the module that is
@@ -196,8 +199,10 @@ class VideoBackbone(ABC):
 
     @property
     def dtype(self) -> torch.dtype:
-        """Parameter dtype of the trainable module."""
-        return next(self.transformer.parameters()).dtype
+        """Compute dtype of the trainable module (diffusers' ``ModelMixin.dtype``, which ignores the norms some
+        models keep in float32; else the first parameter's dtype)."""
+        dtype = getattr(self.transformer, "dtype", None)
+        return dtype if isinstance(dtype, torch.dtype) else next(self.transformer.parameters()).dtype
 
     @abstractmethod
     def offload_text_encoders(self, device: torch.device | str = "cpu") -> None:

@@ -1,0 +1,283 @@
+"""HunyuanVideo 1.5 text-to-video (diffusers ``HunyuanVideo15Pipeline``, the paper's base model) as a `VideoBackbone`.
+
+Every computation mirrors ``HunyuanVideo15Pipeline.__call__`` (diffusers 0.42), so a hand-written Euler loop
+over `HunyuanVideo15Backbone.predict_velocity` reproduces ``pipe(..., output_type="latent")``:
+
+* prompts: ``pipe.encode_prompt`` gives the Qwen2.5-VL embeddings (chat template, 1000 tokens after cropping
+  the system prompt) and the ByT5 glyph embeddings (256 tokens; zeros with a zero mask when the prompt has no
+  quoted text), each with its attention mask, in the transformer's dtype. The negative prompt defaults to
+  ``""`` as in the pipeline.
+* velocity: the transformer input is ``cat[latents, zero cond latents, zero mask]`` (``in_channels = 2C + 1``),
+  the timestep ``sigma * 1000`` in the model dtype, zero image embeddings (729 tokens, text-to-video);
+  guidance is the pipeline's ``guider`` (``ClassifierFreeGuidance``) arithmetic: ``uncond + g * (cond - uncond)``
+  (``cond + g * (cond - uncond)`` with ``use_original_formulation``), then ``guidance_rescale``; no
+  unconditional pass when ``g`` is 1 (0 for the original formulation). The pipeline takes its scale from
+  ``pipe.guider.guidance_scale`` (and skips CFG when the guider is disabled): pass ``guidance_scale=None``
+  for exactly that default, or a number to choose the scale. Returned as float32.
+* decoding: ``latents / vae.config.scaling_factor``, VAE decode, the pipeline's post-processing.
+
+Schedule: the pipeline calls ``scheduler.set_timesteps(sigmas=linspace(1, 0, N + 1)[:-1])``, i.e. exactly
+``sage_env.sde.flow_match_sigmas(N, shift=scheduler.config.shift)`` up to float32 rounding (no
+``sigma_min``; the last sigma before 0 is ``shift(1/N)``). Note that a bare ``scheduler.set_timesteps(N)``
+gives another schedule (see `sage_env.backbones.wan`); to copy a pipeline run exactly, read
+``sigmas_from_scheduler(pipe.scheduler)`` after ``pipe(...)`` or call ``set_timesteps`` with those sigmas.
+
+Precision: the pipeline keeps latents in the transformer's dtype (bf16 for the released weights) and feeds
+a bf16 timestep; the env keeps latents in float32, so bf16 rollouts agree with ``pipe(...)`` only to bf16
+accuracy (float32 models agree to ~1e-6).
+
+LoRA: the pipeline has no LoRA loader. `save_lora_weights` (inherited) writes
+``pytorch_lora_weights.safetensors`` with keys ``transformer.<module>.lora_A.weight`` and the ``LoraConfig``
+as metadata; `load_lora_weights` (inherited) reloads it with
+``pipe.transformer.load_lora_adapter(path, prefix="transformer", use_safetensors=True)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from diffusers import HunyuanVideo15Pipeline
+from diffusers.guiders import ClassifierFreeGuidance
+from diffusers.guiders.guider_utils import rescale_noise_cfg
+
+from sage_env.backbones import _diffusers
+from sage_env.backbones.base import PromptConditioning, VideoBackbone
+
+__all__ = ["HunyuanVideo15Backbone"]
+
+_PROMPT_TENSORS = ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2")
+_TRANSFORMER_ARGUMENTS = (
+    "encoder_hidden_states",
+    "encoder_attention_mask",
+    "encoder_hidden_states_2",
+    "encoder_attention_mask_2",
+)
+
+
+class HunyuanVideo15Backbone(VideoBackbone):
+    """A diffusers ``HunyuanVideo15Pipeline`` behind the `VideoBackbone` protocol.
+
+    Args:
+        pipeline: a loaded ``HunyuanVideo15Pipeline`` (any device and dtype) whose ``guider`` is a
+            ``ClassifierFreeGuidance`` active on every step (``start=0``, ``stop=1``): the backbone sees one
+            step at a time and cannot apply a per-step guidance window.
+
+    Example:
+        ```python
+        backbone = HunyuanVideo15Backbone.from_pretrained(
+            "hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v", torch_dtype=torch.bfloat16, device="cuda"
+        )
+        conditioning = backbone.encode_prompts(["a cat surfing"])
+        latents = torch.randn(1, *backbone.latent_shape(121, 480, 848), device="cuda")
+        velocity = backbone.predict_velocity(latents, torch.ones(1, device="cuda"), conditioning, None)
+        ```
+    """
+
+    default_lora_target_modules = (
+        "to_q",
+        "to_k",
+        "to_v",
+        "to_out.0",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_add_out",
+    )
+    default_fps = 24.0
+
+    def __init__(self, pipeline: HunyuanVideo15Pipeline) -> None:
+        super().__init__()
+        _diffusers.check_pipeline(pipeline, HunyuanVideo15Pipeline, type(self).__name__)
+        self._check_guider(pipeline.guider)
+        channels = pipeline.num_channels_latents
+        if pipeline.transformer.config.in_channels != 2 * channels + 1:
+            raise ValueError(
+                f"HunyuanVideo15Pipeline's transformer takes {pipeline.transformer.config.in_channels} channels; "
+                f"text-to-video needs 2 * {channels} + 1 (latents, condition latents, mask)."
+            )
+        self.pipeline = pipeline
+        self.transformer = pipeline.transformer
+        _diffusers.freeze([pipeline.text_encoder, pipeline.text_encoder_2, pipeline.vae])
+
+    @staticmethod
+    def _check_guider(guider: Any) -> None:
+        if type(guider) is not ClassifierFreeGuidance:
+            raise ValueError(
+                f"HunyuanVideo15Backbone reproduces ClassifierFreeGuidance only, got {type(guider).__name__}; set "
+                "pipe.guider = ClassifierFreeGuidance(guidance_scale=...)."
+            )
+        if guider.config.start != 0.0 or guider.config.stop != 1.0:
+            raise ValueError(
+                f"The pipeline's guider applies CFG only on steps in [{guider.config.start}, {guider.config.stop}) "
+                "of the run; a backbone sees single steps. Set pipe.guider = pipe.guider.new(start=0.0, stop=1.0)."
+            )
+
+    @classmethod
+    def from_pipeline(cls, pipeline: HunyuanVideo15Pipeline) -> HunyuanVideo15Backbone:
+        """Wrap an already-loaded ``HunyuanVideo15Pipeline`` (same as ``HunyuanVideo15Backbone(pipeline)``)."""
+        return cls(pipeline)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str,
+        *,
+        torch_dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> HunyuanVideo15Backbone:
+        """Load ``HunyuanVideo15Pipeline.from_pretrained(model, torch_dtype=..., **kwargs)``, on ``device``.
+
+        ``torch_dtype=None`` keeps diffusers' default (float32); use ``torch.bfloat16`` on GPUs.
+        """
+        return cls(_diffusers.load_pipeline(HunyuanVideo15Pipeline, model, torch_dtype, device, **kwargs))
+
+    # -- sizes -----------------------------------------------------------------------------------
+
+    @property
+    def num_latent_channels(self) -> int:
+        """Channels of the denoised latents (the VAE's ``latent_channels``; the transformer takes ``2C + 1``)."""
+        return self.pipeline.num_channels_latents
+
+    @property
+    def default_guidance_scale(self) -> float:
+        """The CFG scale ``pipe(...)`` applies: the guider's ``guidance_scale``, or 1 (no CFG) when it is disabled."""
+        guider = self.pipeline.guider
+        if not guider.get_state()["enabled"]:
+            return 0.0 if guider.use_original_formulation else 1.0
+        return float(guider.guidance_scale)
+
+    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        """``(C, (F - 1) / t + 1, H / s, W / s)``; frames ``t*k + 1``, height/width multiples of ``s * patch``."""
+        temporal = self.pipeline.vae_scale_factor_temporal
+        spatial = self.pipeline.vae_scale_factor_spatial
+        multiple = spatial * self.transformer.config.patch_size
+        _diffusers.check_video_size(num_frames, height, width, temporal, multiple, "HunyuanVideo 1.5")
+        return (
+            self.num_latent_channels,
+            (num_frames - 1) // temporal + 1,
+            height // spatial,
+            width // spatial,
+        )
+
+    # -- prompts ---------------------------------------------------------------------------------
+
+    def _text_encoders(self) -> list[torch.nn.Module]:
+        return [self.pipeline.text_encoder, self.pipeline.text_encoder_2]
+
+    def _encode_uncached(self, prompts: Sequence[str], negative_prompt: str | None) -> PromptConditioning:
+        """Qwen2.5-VL + ByT5 embeddings and masks of the prompts and of the negative prompt (``""`` when None)."""
+        with _diffusers.modules_on(self._text_encoders(), self.device):
+            positive = self._embeds(list(prompts))
+            negative = self._embeds([negative_prompt or ""])
+        tensors = dict(zip(_PROMPT_TENSORS, positive))
+        for name, tensor in zip(_PROMPT_TENSORS, negative):
+            tensors[f"negative_{name}"] = tensor.expand(len(prompts), *tensor.shape[1:])
+        return PromptConditioning(prompts, tensors)
+
+    def _embeds(self, prompts: list[str]) -> tuple[torch.Tensor, ...]:
+        return self.pipeline.encode_prompt(
+            prompt=prompts, device=self.device, dtype=self.transformer.dtype, batch_size=len(prompts)
+        )
+
+    def offload_text_encoders(self, device: torch.device | str = "cpu") -> None:
+        """Move both text encoders to ``device``; new prompts are encoded on the transformer's device."""
+        for encoder in self._text_encoders():
+            encoder.to(device)
+
+    # -- model -----------------------------------------------------------------------------------
+
+    def predict_velocity(
+        self,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        conditioning: PromptConditioning,
+        guidance_scale: float | None = 1.0,
+        *,
+        transformer: torch.nn.Module | None = None,
+    ) -> torch.Tensor:
+        """Velocity ``(B, C, F', H', W')`` float32 for ``latents`` at per-sample ``sigma`` ``(B,)``, with CFG.
+
+        ``guidance_scale=None`` applies the pipeline's own guidance (``pipe.guider``); a number replaces its scale
+        and keeps its formulation and rescale.
+        """
+        required = _PROMPT_TENSORS + tuple(f"negative_{name}" for name in _PROMPT_TENSORS)
+        sigma = _diffusers.check_velocity_inputs(
+            latents, sigma, conditioning, self.num_latent_channels, required
+        )
+        scale = _diffusers.check_guidance_scale(
+            self.default_guidance_scale if guidance_scale is None else guidance_scale
+        )
+        model = transformer if transformer is not None else self.transformer
+        dtype = self.transformer.dtype
+        inputs = self._model_inputs(latents, sigma, dtype)
+        prediction = model(**inputs, **self._prompt_arguments(conditioning, "", dtype))[0]
+        guided = self._guide(model, inputs, conditioning, prediction, scale)
+        return guided.float()
+
+    def _model_inputs(self, latents: torch.Tensor, sigma: torch.Tensor, dtype: torch.dtype) -> dict[str, Any]:
+        """Transformer inputs besides the prompt: ``cat[latents, 0, 0]``, timestep, zero image embeddings."""
+        latents = latents.to(self.device, dtype)
+        batch_size, channels, frames, height, width = latents.shape
+        # Text-to-video: zero condition latents and a zero mask fill the extra C + 1 input channels.
+        condition = torch.zeros(
+            batch_size, channels + 1, frames, height, width, dtype=dtype, device=self.device
+        )
+        # The pipeline casts the scheduler's float32 timestep (sigma * 1000) to the model dtype.
+        timestep = (sigma * self.pipeline.scheduler.config.num_train_timesteps).to(self.device, dtype)
+        image_embeds = torch.zeros(
+            batch_size,
+            self.pipeline.vision_num_semantic_tokens,
+            self.pipeline.vision_states_dim,
+            dtype=dtype,
+            device=self.device,
+        )
+        hidden_states = torch.cat([latents, condition], dim=1)
+        return {
+            "hidden_states": hidden_states,
+            "timestep": timestep,
+            "image_embeds": image_embeds,
+            "return_dict": False,
+        }
+
+    def _prompt_arguments(
+        self, conditioning: PromptConditioning, prefix: str, dtype: torch.dtype
+    ) -> dict[str, Any]:
+        tensors = (conditioning.tensors[prefix + name] for name in _PROMPT_TENSORS)
+        return {
+            argument: tensor.to(self.device, dtype)
+            for argument, tensor in zip(_TRANSFORMER_ARGUMENTS, tensors)
+        }
+
+    def _guide(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        conditioning: PromptConditioning,
+        prediction: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """``ClassifierFreeGuidance.forward`` on the conditional prediction (and the unconditional one if CFG is on)."""
+        guider = self.pipeline.guider
+        original = guider.use_original_formulation
+        guided = prediction
+        if not math.isclose(scale, 0.0 if original else 1.0):
+            negative = self._prompt_arguments(conditioning, "negative_", prediction.dtype)
+            unconditional = model(**inputs, **negative)[0]
+            shift = prediction - unconditional
+            guided = (prediction if original else unconditional) + scale * shift
+        if guider.guidance_rescale > 0.0:
+            guided = rescale_noise_cfg(guided, prediction, guider.guidance_rescale)
+        return guided
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Videos ``(B, F, 3, H, W)`` float32 in [0, 1]: ``latents / scaling_factor``, VAE decode, post-process."""
+        vae = self.pipeline.vae
+        latents = latents.to(_diffusers.module_device(vae), vae.dtype) / vae.config.scaling_factor
+        # One video at a time: the VAE's causal attention mask (diffusers 0.42) breaks for batches > 1
+        # (what vae.enable_slicing() also does), and it bounds the decoder's memory.
+        video = torch.cat([vae.decode(sample, return_dict=False)[0] for sample in latents.split(1)])
+        return _diffusers.postprocess_video(self.pipeline, video)

@@ -1,0 +1,347 @@
+"""Wan 2.1 / 2.2 text-to-video (diffusers ``WanPipeline``) as a sage_env `VideoBackbone`.
+
+Every computation mirrors ``WanPipeline.__call__`` (diffusers 0.42), so a hand-written Euler loop over
+`WanBackbone.predict_velocity` with the pipeline's sigmas reproduces ``pipe(..., output_type="latent")``:
+
+* prompts: ``pipe.encode_prompt`` (UMT5, padded to ``max_sequence_length`` = 512 like ``__call__``); the
+  negative prompt defaults to ``""`` as in the pipeline;
+* velocity: ``timestep = sigma * num_train_timesteps`` (1000) per sample, latents and prompt embeddings cast
+  to the transformer's dtype, CFG ``uncond + g * (cond - uncond)`` in that dtype, no unconditional pass when
+  ``g <= 1``; returned as float32;
+* decoding: ``latents * std + mean`` per channel (the VAE's ``latents_mean``/``latents_std``), VAE decode,
+  the pipeline's video post-processing.
+
+Model variants:
+
+* Wan 2.1 T2V and Wan 2.2 TI2V-5B (``expand_timesteps=True``: one timestep per latent token, handled).
+* Wan 2.2 A14B: two experts. ``pipe.transformer`` denoises high noise (``timestep >= boundary_ratio * 1000``)
+  with ``guidance_scale``, ``pipe.transformer_2`` low noise with ``guidance_scale_2`` (defaults to
+  ``guidance_scale``; CFG is on for both iff ``guidance_scale > 1``, as in the pipeline). The expert is
+  chosen per sample from its sigma. Only one expert is trainable: `WanBackbone.transformer` is
+  ``pipe.transformer`` (``expert="transformer"``, the default: RL explores at high noise) or
+  ``pipe.transformer_2`` (``expert="transformer_2"``); the other one runs frozen.
+
+Schedules: the env's Euler ``ode`` step reproduces a pipeline that uses ``FlowMatchEulerDiscreteScheduler``.
+With that scheduler ``pipe.scheduler.set_timesteps(N)`` gives ``sigma_i = shift(u_i)`` with
+``u = linspace(1, shift(1/1000), N)`` (the scheduler shifts its own ``sigma_min`` once more) and a final 0,
+so it differs from `sage_env.sde.flow_match_sigmas`; read it with `sage_env.sde.sigmas_from_scheduler`.
+The released Wan checkpoints ship ``UniPCMultistepScheduler`` (``flow_shift`` 3 or 5), a multistep solver: an
+Euler rollout does not reproduce its samples; swap in ``FlowMatchEulerDiscreteScheduler(shift=flow_shift)``
+for exact pipeline parity.
+
+Precision: in bf16 the pipeline keeps latents in bf16 after the first step; the env keeps them in float32,
+so bf16 rollouts agree with ``pipe(...)`` only to bf16 accuracy (float32 models agree to ~1e-6).
+
+LoRA: `WanBackbone.save_lora_weights` writes ``pytorch_lora_weights.safetensors`` through
+``WanPipeline.save_lora_weights`` (keys ``transformer.<module>.lora_A.weight``, the ``LoraConfig`` as
+metadata); `WanBackbone.load_lora_weights` loads it (or a community Wan LoRA) with
+``pipe.load_lora_weights``, into ``transformer_2`` when that is the trainable expert.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from diffusers import WanPipeline
+
+from sage_env.backbones import _diffusers
+from sage_env.backbones.base import PromptConditioning, VideoBackbone
+
+__all__ = ["WanBackbone"]
+
+_EXPERTS = ("transformer", "transformer_2")
+
+
+class WanBackbone(VideoBackbone):
+    """A diffusers ``WanPipeline`` (Wan 2.1 / 2.2 T2V) behind the `VideoBackbone` protocol.
+
+    Args:
+        pipeline: a loaded ``WanPipeline`` (any device and dtype).
+        max_sequence_length: text tokens per prompt (``WanPipeline.__call__`` uses 512).
+        expert: for Wan 2.2 A14B, which expert is `transformer` (trainable): ``"transformer"`` (high noise) or
+            ``"transformer_2"`` (low noise). Single-expert models need the default.
+        guidance_scale_2: CFG scale of the low-noise expert (Wan 2.2 A14B); ``None`` uses ``guidance_scale``.
+
+    Example:
+        ```python
+        backbone = WanBackbone.from_pretrained("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", torch_dtype=torch.bfloat16,
+                                               device="cuda")
+        conditioning = backbone.encode_prompts(["a cat surfing"])
+        latents = torch.randn(1, *backbone.latent_shape(81, 480, 832), device="cuda")
+        velocity = backbone.predict_velocity(latents, torch.ones(1, device="cuda"), conditioning, 5.0)
+        ```
+    """
+
+    default_lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")
+    default_fps = 16.0
+    default_guidance_scale = 5.0
+    """``WanPipeline.__call__``'s default CFG scale."""
+
+    def __init__(
+        self,
+        pipeline: WanPipeline,
+        *,
+        max_sequence_length: int = 512,
+        expert: Literal["transformer", "transformer_2"] = "transformer",
+        guidance_scale_2: float | None = None,
+    ) -> None:
+        super().__init__()
+        _diffusers.check_pipeline(pipeline, WanPipeline, type(self).__name__)
+        if (
+            isinstance(max_sequence_length, bool)
+            or not isinstance(max_sequence_length, int)
+            or max_sequence_length < 1
+        ):
+            raise ValueError(f"max_sequence_length must be a positive integer, got {max_sequence_length!r}.")
+        self.pipeline = pipeline
+        self.max_sequence_length = max_sequence_length
+        self.expert = self._check_expert(pipeline, expert)
+        self.guidance_scale_2 = (
+            None if guidance_scale_2 is None else _diffusers.check_guidance_scale(guidance_scale_2)
+        )
+        if guidance_scale_2 is not None and pipeline.config.boundary_ratio is None:
+            raise ValueError(
+                "guidance_scale_2 is only used by two-expert Wan 2.2 pipelines (boundary_ratio set)."
+            )
+        self.transformer = getattr(pipeline, self.expert)
+        frozen_expert = pipeline.transformer_2 if self.expert == "transformer" else pipeline.transformer
+        _diffusers.freeze([pipeline.text_encoder, pipeline.vae, frozen_expert])
+
+    @staticmethod
+    def _check_expert(pipeline: WanPipeline, expert: str) -> str:
+        if expert not in _EXPERTS:
+            raise ValueError(f"expert must be one of {_EXPERTS}, got {expert!r}.")
+        if pipeline.transformer is None:
+            raise ValueError(
+                "WanBackbone needs pipe.transformer (the only expert, or Wan 2.2's high-noise one)."
+            )
+        two_experts = pipeline.transformer_2 is not None
+        if two_experts and pipeline.config.boundary_ratio is None:
+            raise ValueError(
+                "A WanPipeline with transformer and transformer_2 needs boundary_ratio in its config."
+            )
+        if expert == "transformer_2" and not two_experts:
+            raise ValueError(
+                "expert='transformer_2' needs a two-expert Wan 2.2 pipeline (with transformer_2)."
+            )
+        return expert
+
+    @classmethod
+    def from_pipeline(cls, pipeline: WanPipeline, **kwargs: Any) -> WanBackbone:
+        """Wrap an already-loaded ``WanPipeline`` (same as ``WanBackbone(pipeline, **kwargs)``)."""
+        return cls(pipeline, **kwargs)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str,
+        *,
+        torch_dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        max_sequence_length: int = 512,
+        expert: Literal["transformer", "transformer_2"] = "transformer",
+        guidance_scale_2: float | None = None,
+        **kwargs: Any,
+    ) -> WanBackbone:
+        """Load ``WanPipeline.from_pretrained(model, torch_dtype=..., **kwargs)`` from a folder or Hub id, on ``device``.
+
+        ``torch_dtype=None`` keeps diffusers' default (float32); use ``torch.bfloat16`` on GPUs.
+        """
+        pipeline = _diffusers.load_pipeline(WanPipeline, model, torch_dtype, device, **kwargs)
+        return cls(
+            pipeline,
+            max_sequence_length=max_sequence_length,
+            expert=expert,
+            guidance_scale_2=guidance_scale_2,
+        )
+
+    # -- sizes -----------------------------------------------------------------------------------
+
+    @property
+    def num_latent_channels(self) -> int:
+        """Latent channels the transformer denoises (``transformer.config.in_channels``, as the pipeline uses)."""
+        return self.transformer.config.in_channels
+
+    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        """``(C, (F - 1) / t + 1, H / s, W / s)`` with the VAE's temporal ``t`` and spatial ``s`` factors.
+
+        Frames must be ``t*k + 1`` and height/width multiples of ``s * patch`` (16 for Wan 2.1); the pipeline
+        would silently round other sizes, here they are an error.
+        """
+        temporal = self.pipeline.vae_scale_factor_temporal
+        spatial = self.pipeline.vae_scale_factor_spatial
+        patch_height, patch_width = self.transformer.config.patch_size[1:]
+        multiple = spatial * max(patch_height, patch_width)
+        _diffusers.check_video_size(num_frames, height, width, temporal, multiple, "Wan")
+        return (
+            self.num_latent_channels,
+            (num_frames - 1) // temporal + 1,
+            height // spatial,
+            width // spatial,
+        )
+
+    # -- prompts ---------------------------------------------------------------------------------
+
+    def _encode_uncached(self, prompts: Sequence[str], negative_prompt: str | None) -> PromptConditioning:
+        """UMT5 embeddings of the prompts and of the negative prompt (``""`` when None, as the pipeline)."""
+        with _diffusers.modules_on([self.pipeline.text_encoder], self.device):
+            prompt_embeds = self._t5_embeds(list(prompts))
+            negative_embeds = self._t5_embeds([negative_prompt or ""])
+        negative_embeds = negative_embeds.expand(len(prompts), -1, -1)
+        return PromptConditioning(
+            prompts, {"prompt_embeds": prompt_embeds, "negative_prompt_embeds": negative_embeds}
+        )
+
+    def _t5_embeds(self, prompts: list[str]) -> torch.Tensor:
+        prompt_embeds, _ = self.pipeline.encode_prompt(
+            prompt=prompts,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return prompt_embeds
+
+    def offload_text_encoders(self, device: torch.device | str = "cpu") -> None:
+        """Move the UMT5 text encoder to ``device``; new prompts are encoded on the transformer's device."""
+        self.pipeline.text_encoder.to(device)
+
+    # -- model -----------------------------------------------------------------------------------
+
+    def predict_velocity(
+        self,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        conditioning: PromptConditioning,
+        guidance_scale: float | None = 1.0,
+        *,
+        transformer: torch.nn.Module | None = None,
+    ) -> torch.Tensor:
+        """Velocity ``(B, C, F', H', W')`` float32 for ``latents`` at per-sample ``sigma`` ``(B,)`` with CFG.
+
+        ``guidance_scale=None`` uses the pipeline default (5.0). Wan 2.2 A14B picks the expert of each sample
+        from its sigma (see the module docstring); ``transformer`` replaces the trainable expert only.
+        """
+        sigma = _diffusers.check_velocity_inputs(
+            latents,
+            sigma,
+            conditioning,
+            self.num_latent_channels,
+            ("prompt_embeds", "negative_prompt_embeds"),
+        )
+        scale = _diffusers.check_guidance_scale(
+            self.default_guidance_scale if guidance_scale is None else guidance_scale
+        )
+        # The pipeline feeds the scheduler's timesteps, which are sigma * num_train_timesteps in float32.
+        timestep = sigma * self.pipeline.scheduler.config.num_train_timesteps
+        models = {"transformer": self.pipeline.transformer, "transformer_2": self.pipeline.transformer_2}
+        models[self.expert] = transformer if transformer is not None else self.transformer
+        boundary_ratio = self.pipeline.config.boundary_ratio
+        if boundary_ratio is None:
+            return self._guided_velocity(
+                models["transformer"], latents, timestep, conditioning, scale, scale
+            ).float()
+        boundary = boundary_ratio * self.pipeline.scheduler.config.num_train_timesteps
+        low_noise_scale = scale if self.guidance_scale_2 is None else self.guidance_scale_2
+        return self._two_expert_velocity(
+            models, latents, timestep, conditioning, boundary, (scale, low_noise_scale)
+        )
+
+    def _two_expert_velocity(
+        self,
+        models: dict[str, torch.nn.Module],
+        latents: torch.Tensor,
+        timestep: torch.Tensor,
+        conditioning: PromptConditioning,
+        boundary: float,
+        scales: tuple[float, float],
+    ) -> torch.Tensor:
+        """Wan 2.2 A14B: each sample goes to the high-noise expert iff ``timestep >= boundary`` (the pipeline's rule)."""
+        high_noise = timestep >= boundary
+        parts, order = [], []
+        for name, mask, scale in zip(_EXPERTS, (high_noise, ~high_noise), scales):
+            index = mask.nonzero().squeeze(1)
+            if index.numel() == 0:
+                continue
+            part = conditioning.select(index)
+            # CFG is on for both experts iff the first scale asks for it (WanPipeline.do_classifier_free_guidance).
+            parts.append(
+                self._guided_velocity(models[name], latents[index], timestep[index], part, scale, scales[0])
+            )
+            order.append(index)
+        velocity = torch.cat(parts)[torch.argsort(torch.cat(order))]
+        return velocity.float()
+
+    def _guided_velocity(
+        self,
+        model: torch.nn.Module,
+        latents: torch.Tensor,
+        timestep: torch.Tensor,
+        conditioning: PromptConditioning,
+        scale: float,
+        cfg_switch_scale: float,
+    ) -> torch.Tensor:
+        """One expert's prediction with CFG, in the model dtype (the pipeline's arithmetic, step for step)."""
+        dtype = self.transformer.dtype
+        hidden_states = latents.to(self.device, dtype)
+        if self.pipeline.config.expand_timesteps:
+            # Wan 2.2 TI2V: one timestep per latent token (patch 1x2x2), all equal for text-to-video.
+            num_tokens = hidden_states[0, 0, :, ::2, ::2].numel()
+            timestep = timestep[:, None].expand(-1, num_tokens)
+        arguments = {
+            "hidden_states": hidden_states,
+            "timestep": timestep.to(self.device),
+            "return_dict": False,
+        }
+        prompt_embeds = conditioning.tensors["prompt_embeds"].to(self.device, dtype)
+        prediction = model(encoder_hidden_states=prompt_embeds, **arguments)[0]
+        if cfg_switch_scale <= 1.0:
+            return prediction
+        negative_embeds = conditioning.tensors["negative_prompt_embeds"].to(self.device, dtype)
+        unconditional = model(encoder_hidden_states=negative_embeds, **arguments)[0]
+        return unconditional + scale * (prediction - unconditional)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Videos ``(B, F, 3, H, W)`` float32 in [0, 1]: un-normalise per channel, VAE decode, post-process."""
+        vae = self.pipeline.vae
+        latents = latents.to(_diffusers.module_device(vae), vae.dtype)
+        channels = vae.config.z_dim
+        mean = (
+            torch.tensor(vae.config.latents_mean).view(1, channels, 1, 1, 1).to(latents.device, latents.dtype)
+        )
+        # Same arithmetic as the pipeline (divide by 1/std) so decoded videos match it bit for bit.
+        inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, channels, 1, 1, 1).to(
+            latents.device, latents.dtype
+        )
+        video = vae.decode(latents / inverse_std + mean, return_dict=False)[0]
+        return _diffusers.postprocess_video(self.pipeline, video)
+
+    # -- LoRA ------------------------------------------------------------------------------------
+
+    def save_lora_weights(
+        self,
+        save_directory: str | os.PathLike,
+        transformer_lora_layers: dict[str, torch.Tensor],
+        adapter_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Write ``pytorch_lora_weights.safetensors`` with ``WanPipeline.save_lora_weights``.
+
+        ``transformer_lora_layers`` is ``peft.get_peft_model_state_dict(backbone.transformer)``; keys are stored
+        with the ``transformer.`` prefix and ``adapter_metadata`` (``LoraConfig.to_dict()``) so a non-default
+        alpha reloads exactly. Load with ``pipe.load_lora_weights(path)`` (add
+        ``load_into_transformer_2=True`` for an adapter of the low-noise expert) or `load_lora_weights`.
+        """
+        type(self.pipeline).save_lora_weights(
+            save_directory,
+            transformer_lora_layers=transformer_lora_layers,
+            transformer_lora_adapter_metadata=adapter_metadata,
+            safe_serialization=True,
+        )
+
+    def load_lora_weights(self, path: str | os.PathLike, adapter_name: str = "default") -> None:
+        """Load a Wan LoRA (diffusers or community format) into `transformer` as adapter ``adapter_name``."""
+        self.pipeline.load_lora_weights(
+            str(path), adapter_name=adapter_name, load_into_transformer_2=self.expert == "transformer_2"
+        )

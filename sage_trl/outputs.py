@@ -1,0 +1,166 @@
+"""What a training run writes and prints: metrics JSONL, a one-line status per step, reward curves, videos."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import TrainerCallback
+
+__all__ = [
+    "MetricsFileCallback",
+    "StatusCallback",
+    "plot_reward_curves",
+    "save_comparison_gif",
+    "save_video_gif",
+]
+
+_STATUS_KEYS = (("reward/total", "reward"), ("kl/coef", "kl coef"), ("kl/total", "kl"), ("loss", "loss"),
+                ("train/clip_fraction", "clip"))
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Append every log record (with its step) as one JSON line to ``path`` (main process only)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+class StatusCallback(TrainerCallback):
+    """A progress bar and one status line per logged step, replacing the Trainer's dict printing."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=state.max_steps, desc="training", dynamic_ncols=True, leave=True)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if self.bar is None or not logs or "loss" not in logs:
+            return
+        self.bar.write(format_status(state.global_step, state.max_steps, logs))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def format_status(step: int, max_steps: int, logs: dict[str, Any]) -> str:
+    """``step 3/40 | reward 0.812 (vq 0.9 mq 0.7 ta 0.8) | kl coef 1.0e-06 | ... | 2.1 s/step``."""
+    parts = [f"step {step}/{max_steps}"]
+    components = [(k.split("/", 1)[1], v) for k, v in logs.items() if k.startswith("reward/") and
+                  k not in ("reward/total", "reward/total_std", "reward/invalid_count")]
+    for key, label in _STATUS_KEYS:
+        value = logs.get(key)
+        if value is None:
+            continue
+        text = f"{label} {value:.3g}" if abs(value) >= 1e-3 or value == 0 else f"{label} {value:.1e}"
+        if key == "reward/total" and components:
+            text += " (" + " ".join(f"{name} {v:.3f}" for name, v in components) + ")"
+        parts.append(text)
+    if logs.get("reward/invalid_count"):
+        parts.append(f"invalid {int(logs['reward/invalid_count'])}")
+    seconds = (logs.get("time/rollout") or 0.0) + (logs.get("step_time") or 0.0)
+    if seconds:
+        parts.append(f"{seconds:.1f} s/step")
+    return " | ".join(parts)
+
+
+def plot_reward_curves(metrics_path: str | os.PathLike, output_dir: str | os.PathLike) -> list[Path]:
+    """One PNG per reward component (``reward_<name>.png``) from a metrics JSONL file; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
+    names = sorted({k for r in records for k in r if k.startswith("reward/") and k != "reward/invalid_count"})
+    written = []
+    for name in names:
+        points = [(r["step"], r[name]) for r in records if name in r and math.isfinite(r[name])]
+        if not points:
+            continue
+        figure, axis = plt.subplots(figsize=(5, 3.2))
+        axis.plot(*zip(*points), marker=".")
+        axis.set_xlabel("optimizer step")
+        axis.set_ylabel(name)
+        axis.set_title(f"{name} of the training rollouts")
+        axis.grid(alpha=0.3)
+        figure.tight_layout()
+        path = Path(output_dir) / f"{name.replace('/', '_')}.png"
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def _frames_uint8(videos: torch.Tensor, scale: int) -> np.ndarray:
+    """``(N, F, 3, H, W)`` in [0, 1] -> ``(N, F, H*scale, W*scale, 3)`` uint8 (nearest upscaling)."""
+    frames = (videos.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 1, 3, 4, 2)
+    if scale > 1:
+        frames = frames.repeat_interleave(scale, dim=2).repeat_interleave(scale, dim=3)
+    return frames.cpu().numpy()
+
+
+def save_video_gif(videos: torch.Tensor, path: str | os.PathLike, fps: float = 8.0, scale: int = 4,
+                   columns: int | None = None) -> Path:
+    """Tile ``(N, F, 3, H, W)`` videos into one animated GIF (``columns`` per row, all N by default)."""
+    frames = _frames_uint8(videos, scale)
+    count, num_frames, height, width, _ = frames.shape
+    columns = columns or count
+    rows = math.ceil(count / columns)
+    gap = max(scale // 2, 1)
+    canvas = np.full((num_frames, rows * (height + gap) - gap, columns * (width + gap) - gap, 3), 255, np.uint8)
+    for index in range(count):
+        row, column = divmod(index, columns)
+        top, left = row * (height + gap), column * (width + gap)
+        canvas[:, top : top + height, left : left + width] = frames[index]
+    images = [Image.fromarray(frame) for frame in canvas]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    return path
+
+
+def save_comparison_gif(before: torch.Tensor, after: torch.Tensor, path: str | os.PathLike, fps: float = 8.0,
+                        scale: int = 4) -> Path:
+    """An animated grid with one row per video: before training on the left, after on the right."""
+    if before.shape != after.shape:
+        raise ValueError(f"before {tuple(before.shape)} and after {tuple(after.shape)} must have the same shape.")
+    interleaved = torch.stack([before, after], dim=1).flatten(0, 1)
+    return save_video_gif(interleaved, path, fps=fps, scale=scale, columns=2)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a metrics JSONL file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def prompt_list_file(prompts: Sequence[str], path: str | os.PathLike) -> Path:
+    """Write prompts one per line."""
+    path = Path(path)
+    path.write_text("\n".join(prompts) + "\n")
+    return path

@@ -1,0 +1,632 @@
+"""Hub publishing against a local fake Hub (tests/fixtures/hub_server.py): upload folder, model card, pushes,
+the trainer helpers and the ``sage-push`` CLI. Nothing here contacts the real Hugging Face Hub."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard, constants
+from peft import LoraConfig
+from PIL import Image
+from transformers.trainer_utils import HubStrategy
+
+from sage_trl import SageGRPOConfig, SageGRPOTrainer
+from sage_trl import trainer as trainer_module
+from sage_trl.hub import (
+    ADAPTER_INFO_FILE,
+    TRAINING_COMPLETE_FILE,
+    HubPushError,
+    build_upload_folder,
+    check_output_dir,
+    init_hub_repo,
+    mark_training_complete,
+    push_checkpoint,
+    push_main,
+    push_output_dir,
+    push_training_output,
+    read_run,
+    render_model_card,
+    resolve_base_model,
+)
+from sage_trl.lora import LORA_WEIGHT_NAME
+from tests.doubles import LinearBackbone, LinearVideoModel, mean_brightness
+from tests.fixtures.hub_server import FakeHub
+
+PROMPTS = ["a red ball", "a blue cube", "a green cone", "a white star"]
+WAN_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+REPO = "tester/sage-lora"
+EVAL_RESULTS = {
+    "before": {"mean_brightness": 0.5, "total": 0.5},
+    "after": {"mean_brightness": 0.625, "total": 0.625},
+    "prompts": ["a red ball", "a blue cube"],
+    "seeds": [0, 1],
+}
+UPLOADED = {
+    LORA_WEIGHT_NAME,
+    ADAPTER_INFO_FILE,
+    "sage_config.json",
+    "metrics.jsonl",
+    "eval_results.json",
+    "summary.md",
+    "reward_total.png",
+    "reward_mean_brightness.png",
+    "samples_before_after.gif",
+    "README.md",
+}
+
+
+def tiny_args(output_dir: Path, **kwargs) -> SageGRPOConfig:
+    values = {
+        "output_dir": str(output_dir),
+        "model_name_or_path": WAN_ID,
+        "max_steps": 2,
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "num_generations": 4,
+        "num_frames": 2,
+        "height": 4,
+        "width": 4,
+        "num_inference_steps": 4,
+        "learning_rate": 5e-2,
+        "use_cpu": True,
+        "seed": 0,
+        "disable_tqdm": True,
+        "kl_warmup_steps": 2,
+    }
+    values.update(kwargs)
+    return SageGRPOConfig(**values)
+
+
+def write_run_outputs(run_dir: Path, trainer: SageGRPOTrainer) -> None:
+    """What sage-train writes next to the weights: metrics, curves, samples, evaluation, marker."""
+    records = [{"step": h["step"], **h} for h in trainer.state.log_history if "loss" in h]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for name, colour in (("reward_total.png", "red"), ("reward_mean_brightness.png", "blue")):
+        Image.new("RGB", (8, 6), colour).save(run_dir / name)
+    frames = [Image.new("RGB", (8, 4), (40 * i, 0, 0)) for i in range(3)]
+    frames[0].save(
+        run_dir / "samples_before_after.gif", save_all=True, append_images=frames[1:], duration=100
+    )
+    (run_dir / "eval_results.json").write_text(json.dumps(EVAL_RESULTS))
+    (run_dir / "summary.md").write_text("| component | before | after | change |\n|---|---|---|---|\n")
+    mark_training_complete(run_dir, trainer.state.global_step, trainer.args.max_steps)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[SageGRPOTrainer, Path]:
+    """A tiny run trained for 2 steps, saved as sage-train leaves it (with checkpoint-2/ inside). Read-only."""
+    run_dir = tmp_path_factory.mktemp("hub") / "run"
+    trainer = SageGRPOTrainer(
+        LinearBackbone(),
+        mean_brightness,
+        args=tiny_args(run_dir, save_strategy="steps", save_steps=2),
+        train_dataset=PROMPTS,
+        peft_config=LoraConfig(
+            r=2, lora_alpha=4, target_modules=["mix", "prompt_proj"], init_lora_weights="gaussian"
+        ),
+    )
+    trainer.train()
+    trainer.save_model(str(run_dir))
+    write_run_outputs(run_dir, trainer)
+    return trainer, run_dir
+
+
+@pytest.fixture
+def run_dir(trained: tuple[SageGRPOTrainer, Path]) -> Path:
+    return trained[1]
+
+
+@pytest.fixture(autouse=True)
+def no_real_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No token from this machine, no offline flag from the environment, and a dead default endpoint."""
+    for name in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_OIDC_RESOURCE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-login-cache" / "token"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+
+
+@pytest.fixture
+def hub() -> Iterator[FakeHub]:
+    with FakeHub() as server:
+        yield server
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def copy_run(run_dir: Path, target: Path, skip: tuple[str, ...] = ()) -> Path:
+    shutil.copytree(run_dir, target, ignore=shutil.ignore_patterns(*skip))
+    return target
+
+
+# ------------------------------------------------------------------------------------------
+# The upload folder and its card
+# ------------------------------------------------------------------------------------------
+
+
+def test_dry_run_writes_exactly_the_allow_listed_files(run_dir: Path, tmp_path: Path, hub: FakeHub) -> None:
+    folder = push_output_dir(
+        run_dir, REPO, license="apache-2.0", dry_run_dir=tmp_path / "dry", endpoint=hub.url
+    )
+    assert folder == tmp_path / "dry" and set(folder_bytes(folder)) == UPLOADED
+    assert (run_dir / "checkpoint-2" / "optimizer.pt").is_file()  # present in the run, never uploaded
+    for name in UPLOADED - {"README.md", ADAPTER_INFO_FILE}:
+        assert (folder / name).read_bytes() == (run_dir / name).read_bytes(), name
+    assert hub.requests == []  # a dry run contacts nothing
+
+
+def test_dry_run_refuses_a_non_empty_folder(run_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "dry").mkdir()
+    (tmp_path / "dry" / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="empty or new folder"):
+        push_output_dir(run_dir, REPO, license="mit", dry_run_dir=tmp_path / "dry")
+
+
+def test_card_metadata_parses_with_model_card(run_dir: Path, tmp_path: Path) -> None:
+    folder = build_upload_folder(run_dir, tmp_path / "up", repo_id=REPO, license="apache-2.0")
+    card = ModelCard((folder / "README.md").read_text())
+    data = card.data
+    assert (data.base_model, data.base_model_relation) == (WAN_ID, "adapter")
+    assert (data.library_name, data.pipeline_tag, data.license) == (
+        "diffusers",
+        "text-to-video",
+        "apache-2.0",
+    )
+    assert {"lora", "sage-grpo", "text-to-video", "sage-sde"} <= set(data.tags)
+    body = card.text
+    assert f'pipe.load_lora_weights("{REPO}")' in body and f'WanPipeline.from_pretrained("{WAN_ID}"' in body
+    assert "| LoRA rank r | 2 |" in body and "| LoRA alpha | 4 |" in body
+    assert "| LoRA target modules | mix, prompt_proj |" in body and "| KL strategy | dual |" in body
+    assert "| optimizer steps trained | 2 |" in body and "| group size G | 4 |" in body
+    assert "| total | 0.5000 | 0.6250 | +0.1250 |" in body  # eval_results.json, total last
+    assert "| mean_brightness | 1 |" in body  # the reward weight the trainer used
+    assert "![total](reward_total.png)" in body and "(samples_before_after.gif)" in body
+    assert "@article{zheng2026sagegrpo" in body and "arXiv:2603.21872" in body and "Yang, Harry" in body
+    assert "\n\n\n" not in body
+
+
+def test_adapter_info_rebuilds_the_lora_config(run_dir: Path, tmp_path: Path) -> None:
+    folder = build_upload_folder(run_dir, tmp_path / "up", repo_id=REPO, license="mit")
+    info = json.loads((folder / ADAPTER_INFO_FILE).read_text())
+    assert (info["r"], info["lora_alpha"], info["target_modules"]) == (2, 4, ["mix", "prompt_proj"])
+    assert (info["weight_name"], info["prefix"], info["base_model"]) == (
+        LORA_WEIGHT_NAME,
+        "transformer",
+        WAN_ID,
+    )
+    config = LoraConfig(**info["lora_config"])
+    assert (config.r, config.lora_alpha, set(config.target_modules)) == (2, 4, {"mix", "prompt_proj"})
+
+
+def test_card_falls_back_to_the_last_logged_rewards(run_dir: Path, tmp_path: Path) -> None:
+    bare = copy_run(run_dir, tmp_path / "bare", skip=("eval_results.json", "summary.md", "checkpoint-*"))
+    card = render_model_card(read_run(bare), repo_id=REPO, license="mit")
+    last = [json.loads(line) for line in (bare / "metrics.jsonl").read_text().splitlines()][-1]
+    assert f"| reward/total | {last['reward/total']:.4f} |" in card.text
+    assert "last logged step (2)" in card.text
+
+
+def test_card_usage_snippet_follows_the_pipeline(run_dir: Path) -> None:
+    run = read_run(run_dir)
+    run.config["model_name_or_path"] = "toy"
+    toy = render_model_card(run, repo_id=REPO, license="mit")
+    assert 'load_backbone("toy")' in toy.text and "backbone.load_lora_weights(snapshot_download(" in toy.text
+    assert toy.data.base_model is None and toy.data.to_dict().get("base_model_relation") is None
+    assert "toy-world" in toy.data.tags
+    run.config["model_name_or_path"] = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"
+    hunyuan = render_model_card(run, repo_id=REPO, license="mit")
+    assert "HunyuanVideo15Pipeline.from_pretrained(" in hunyuan.text
+    assert (
+        f'pipe.transformer.load_lora_adapter(\n    "{REPO}", prefix="transformer", weight_name="{LORA_WEIGHT_NAME}"'
+        in (hunyuan.text)
+    )
+    assert hunyuan.data.base_model == "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"
+
+
+def test_base_model_resolution(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert resolve_base_model({"model_name_or_path": "toy"}) is None
+    assert resolve_base_model({"model_name_or_path": WAN_ID}) == WAN_ID
+    assert resolve_base_model({"model_name_or_path": "toy"}, base_model=WAN_ID) == WAN_ID
+    local = tmp_path / "wan"
+    local.mkdir()
+    with caplog.at_level(logging.WARNING, logger="sage_trl.hub"):
+        assert resolve_base_model({"model_name_or_path": str(local)}) is None
+    assert "pass base_model" in caplog.text
+    with pytest.raises(ValueError, match="Hub model id"):
+        resolve_base_model({}, base_model="/data/wan")
+
+
+def test_full_fine_tuning_uploads_the_transformer_folder(tmp_path: Path) -> None:
+    output = tmp_path / "full"
+    model = LinearVideoModel()
+    model.save_pretrained(output / "transformer")
+    config = {"model_name_or_path": "toy", "algorithm": "flow_grpo", "sde": "flow_grpo", "num_generations": 4}
+    (output / "sage_config.json").write_text(json.dumps(config))
+    mark_training_complete(output, 3)
+    folder = push_output_dir(output, "tester/full", license="mit", dry_run_dir=tmp_path / "dry")
+    assert set(folder_bytes(folder)) == {
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors",
+        "sage_config.json",
+        "README.md",
+    }
+    card = ModelCard((folder / "README.md").read_text())
+    assert "lora" not in card.data.tags and {"flow-grpo", "flow-grpo-sde", "toy-world"} <= set(card.data.tags)
+    assert (
+        'from_pretrained(folder, subfolder="transformer")' in card.text
+        and "| optimizer steps trained | 3 |" in card.text
+    )
+    reloaded = LinearVideoModel.from_pretrained(folder / "transformer")
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(reloaded.state_dict()[name], tensor)
+
+
+def test_a_token_in_the_config_never_reaches_the_upload(run_dir: Path, tmp_path: Path) -> None:
+    leaky = copy_run(run_dir, tmp_path / "leaky", skip=("checkpoint-*",))
+    config = json.loads((leaky / "sage_config.json").read_text())
+    config["hub_token"] = "hf_secret_value"
+    (leaky / "sage_config.json").write_text(json.dumps(config))
+    folder = build_upload_folder(leaky, tmp_path / "up", repo_id=REPO, license="mit")
+    assert json.loads((folder / "sage_config.json").read_text())["hub_token"] == "<HUB_TOKEN>"
+    assert all(b"hf_secret_value" not in content for content in folder_bytes(folder).values())
+
+
+def test_config_file_name_matches_the_trainer() -> None:
+    from sage_trl import hub
+
+    assert hub.CONFIG_FILE == trainer_module.CONFIG_FILE
+
+
+def test_the_template_ships_with_the_package() -> None:
+    from importlib.resources import files
+
+    assert "{{ card_data }}" in files("sage_trl").joinpath("templates", "model_card.md").read_text()
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    scripts = pyproject.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    assert 'sage-push = "sage_trl.hub:push_main"' in scripts.splitlines()
+
+
+# ------------------------------------------------------------------------------------------
+# Pushing
+# ------------------------------------------------------------------------------------------
+
+
+def test_push_uploads_the_dry_run_folder_byte_identical(run_dir: Path, tmp_path: Path, hub: FakeHub) -> None:
+    dry = push_output_dir(run_dir, REPO, license="apache-2.0", dry_run_dir=tmp_path / "dry")
+    commit = push_output_dir(
+        run_dir,
+        REPO,
+        token="hf_write",
+        license="apache-2.0",
+        endpoint=hub.url,
+        private=True,
+        commit_message="First adapter",
+    )
+    assert hub.files(REPO) == folder_bytes(dry)
+    repo = hub.repos[REPO]
+    assert repo.private and repo.commits[-1][0] == "First adapter" and commit.oid == repo.head
+    # Pushing again is idempotent: the repo exists (exist_ok) and the unchanged files make no new commit.
+    push_output_dir(run_dir, REPO, token="hf_write", license="apache-2.0", endpoint=hub.url)
+    assert len(repo.commits) == 1 and hub.files(REPO) == folder_bytes(dry)
+
+
+def test_uploaded_adapter_reproduces_the_trained_policy(
+    trained: tuple[SageGRPOTrainer, Path], tmp_path: Path, hub: FakeHub
+) -> None:
+    trainer, run_dir = trained
+    push_output_dir(run_dir, REPO, token="hf_write", license="mit", endpoint=hub.url)
+    downloaded = hub.download(REPO, tmp_path / "download")
+    fresh, untouched = LinearBackbone(), LinearBackbone()
+    fresh.load_lora_weights(downloaded)
+    latents, sigma = torch.randn(2, 3, 2, 4, 4), torch.tensor([0.9, 0.3])
+    with torch.no_grad():
+        expected = trainer.backbone.predict_velocity(
+            latents, sigma, trainer.backbone.encode_prompts(PROMPTS[:2])
+        )
+        actual = fresh.predict_velocity(latents, sigma, fresh.encode_prompts(PROMPTS[:2]))
+        base = untouched.predict_velocity(latents, sigma, untouched.encode_prompts(PROMPTS[:2]))
+    torch.testing.assert_close(actual, expected)
+    assert not torch.allclose(base, expected, atol=1e-4)  # the adapter does change the policy
+
+
+def test_bare_repo_name_goes_to_the_token_owner(run_dir: Path, hub: FakeHub) -> None:
+    commit = push_output_dir(run_dir, "bare-name", token="hf_write", license="mit", endpoint=hub.url)
+    assert commit.repo_url.repo_id == "tester/bare-name"
+    assert '"tester/bare-name"' in hub.files("tester/bare-name")["README.md"].decode()
+
+
+def test_token_comes_from_hf_token(run_dir: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_write")
+    push_output_dir(run_dir, REPO, license="mit", endpoint=hub.url)
+    assert LORA_WEIGHT_NAME in hub.files(REPO)
+
+
+def test_missing_token_is_one_clear_error(run_dir: Path, hub: FakeHub) -> None:
+    with pytest.raises(HubPushError, match="No Hugging Face token: run `hf auth login`"):
+        push_output_dir(run_dir, REPO, license="mit", endpoint=hub.url)
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize(("token", "message"), [("hf_bogus", "rejected the token"), ("hf_read", "read-only")])
+def test_unusable_tokens_fail_before_anything_is_created(
+    run_dir: Path, hub: FakeHub, token: str, message: str
+) -> None:
+    with pytest.raises(HubPushError, match=message):
+        push_output_dir(run_dir, REPO, token=token, license="mit", endpoint=hub.url)
+    assert hub.repos == {}
+
+
+@pytest.mark.parametrize("how", ["environment", "huggingface_hub"])
+def test_offline_mode_fails_at_once(
+    run_dir: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    if how == "environment":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    start = time.perf_counter()
+    with pytest.raises(HubPushError, match="offline mode is on") as error:
+        push_output_dir(run_dir, REPO, token="hf_write", license="mit", endpoint=hub.url)
+    assert time.perf_counter() - start < 1.0 and hub.requests == []
+    assert "--dry-run" in str(error.value)
+
+
+def test_unreachable_endpoint_fails_fast(run_dir: Path) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    start = time.perf_counter()
+    with pytest.raises(HubPushError, match=f"Cannot reach the Hugging Face Hub at http://127.0.0.1:{port}"):
+        push_output_dir(run_dir, REPO, token="hf_write", license="mit", endpoint=f"http://127.0.0.1:{port}")
+    assert time.perf_counter() - start < 3.0
+
+
+def test_silent_endpoint_times_out_instead_of_hanging(run_dir: Path) -> None:
+    with socket.socket() as silent:  # accepts connections (kernel backlog) but never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        start = time.perf_counter()
+        with pytest.raises(HubPushError, match="Cannot reach"):
+            push_output_dir(run_dir, REPO, token="hf_write", license="mit", endpoint=endpoint, timeout=0.5)
+        assert time.perf_counter() - start < 3.0
+
+
+# ------------------------------------------------------------------------------------------
+# What is refused
+# ------------------------------------------------------------------------------------------
+
+
+def test_refuses_a_folder_without_trained_weights(tmp_path: Path, hub: FakeHub) -> None:
+    (tmp_path / "sage_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no trained model"):
+        push_output_dir(tmp_path, REPO, token="hf_write", license="mit", endpoint=hub.url)
+    assert hub.requests == []
+
+
+def test_a_folder_that_cannot_be_published_creates_no_repo(run_dir: Path, hub: FakeHub) -> None:
+    with pytest.raises(ValueError, match="Hub model id"):
+        push_output_dir(
+            run_dir, REPO, token="hf_write", license="mit", endpoint=hub.url, base_model="/data/wan"
+        )
+    assert hub.repos == {}
+
+
+def test_refuses_an_unfinished_run(run_dir: Path, tmp_path: Path, hub: FakeHub) -> None:
+    unfinished = copy_run(
+        run_dir, tmp_path / "unfinished", skip=(TRAINING_COMPLETE_FILE, "eval_results.json")
+    )
+    with pytest.raises(ValueError, match="did not finish"):
+        push_output_dir(unfinished, REPO, token="hf_write", license="mit", endpoint=hub.url)
+    with pytest.raises(ValueError, match="did not finish"):
+        push_output_dir(unfinished, REPO, license="mit", dry_run_dir=tmp_path / "dry")
+    assert hub.requests == []
+    mark_training_complete(unfinished, 2)
+    assert check_output_dir(unfinished).global_step == 2
+
+
+def test_refuses_weights_without_lora_metadata(run_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    broken = copy_run(run_dir, tmp_path / "broken", skip=("checkpoint-*",))
+    save_file(load_file(broken / LORA_WEIGHT_NAME), broken / LORA_WEIGHT_NAME)  # drops the metadata
+    with pytest.raises(ValueError, match="no LoRA metadata"):
+        read_run(broken)
+    (broken / LORA_WEIGHT_NAME).write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        read_run(broken)
+
+
+@pytest.mark.parametrize(
+    ("license", "repo_id", "message"),
+    [
+        (None, REPO, "A license is required"),
+        ("Apache 2.0", REPO, "lowercase Hub license id"),
+        ("mit", "no/such/repo", "Invalid repo id"),
+        ("mit", "just-a-name", "must be 'user/name'"),  # a dry run cannot ask the Hub for the namespace
+    ],
+)
+def test_bad_arguments_are_value_errors(
+    run_dir: Path, tmp_path: Path, license, repo_id: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        push_output_dir(run_dir, repo_id, license=license, dry_run_dir=tmp_path / "dry")
+
+
+# ------------------------------------------------------------------------------------------
+# The sage-push CLI
+# ------------------------------------------------------------------------------------------
+
+
+def test_sage_push_dry_run_then_push(run_dir: Path, tmp_path: Path, hub: FakeHub, capsys) -> None:
+    common = [str(run_dir), "--repo-id", "tester/cli", "--license", "mit", "--endpoint", hub.url]
+    assert push_main([*common, "--dry-run", str(tmp_path / "dry")]) == 0
+    assert "Dry run: nothing uploaded" in capsys.readouterr().out and hub.requests == []
+    assert push_main([*common, "--token", "hf_write", "--private"]) == 0
+    assert "Pushed" in capsys.readouterr().out
+    assert hub.files("tester/cli") == folder_bytes(tmp_path / "dry") and hub.repos["tester/cli"].private
+
+
+def test_sage_push_default_dry_run_folder_is_never_uploaded(run_dir: Path, tmp_path: Path) -> None:
+    output = copy_run(run_dir, tmp_path / "run")
+    args = [str(output), "--repo-id", REPO, "--license", "mit", "--dry-run"]
+    assert push_main(args) == 0 and push_main(args) == 0  # the default folder is rewritten
+    assert set(folder_bytes(output / "hub-dry-run")) == UPLOADED
+    assert (
+        set(folder_bytes(build_upload_folder(output, tmp_path / "again", repo_id=REPO, license="mit")))
+        == UPLOADED
+    )
+
+
+def test_sage_push_errors_exit_non_zero_with_one_line(tmp_path: Path, run_dir: Path, capsys) -> None:
+    assert push_main([str(tmp_path), "--repo-id", REPO, "--license", "mit", "--dry-run"]) == 1
+    assert capsys.readouterr().err.startswith("sage-push: error:")
+    assert push_main([str(run_dir), "--repo-id", REPO, "--license", "mit"]) == 1  # no token anywhere
+    assert "No Hugging Face token" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------
+# Trainer helpers
+# ------------------------------------------------------------------------------------------
+
+
+def trainer_args(trainer: SageGRPOTrainer, **attributes) -> SageGRPOConfig:
+    """A copy of the trainer's args with hub attributes set (the module's trainer stays untouched)."""
+    args = copy.copy(trainer.args)
+    for name, value in {"hub_token": "hf_write", "hub_model_id": "tester/from-trainer", **attributes}.items():
+        setattr(args, name, value)
+    return args
+
+
+def test_push_training_output_follows_trainer_conventions(
+    trained: tuple[SageGRPOTrainer, Path], hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = trainer_args(trained[0], hub_private_repo=True, hub_license="apache-2.0")
+    commit = push_training_output(args, endpoint=hub.url)
+    repo = hub.repos["tester/from-trainer"]
+    assert repo.private and repo.commits[-1][0] == "End of training" and commit.oid == repo.head
+    assert set(repo.files) == UPLOADED
+    args.hub_model_id = None  # transformers' default: the output folder's name in the token's namespace
+    push_training_output(args, endpoint=hub.url)
+    assert "tester/run" in hub.repos
+    monkeypatch.setattr(SageGRPOConfig, "process_index", property(lambda self: 1))
+    requests = len(hub.requests)
+    assert push_training_output(args, endpoint=hub.url) is None and len(hub.requests) == requests
+
+
+def test_init_hub_repo_checks_everything_before_training(
+    trained: tuple[SageGRPOTrainer, Path], hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = trainer_args(trained[0])
+    with pytest.raises(ValueError, match="license is required"):
+        init_hub_repo(args, endpoint=hub.url)
+    assert init_hub_repo(args, license="mit", endpoint=hub.url) == "tester/from-trainer"
+    assert hub.repos["tester/from-trainer"].files == {}
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubPushError, match="offline"):
+        init_hub_repo(args, license="mit", endpoint=hub.url)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "folder"),
+    [("every_save", None), ("checkpoint", "last-checkpoint"), ("all_checkpoints", "checkpoint-2")],
+)
+def test_push_checkpoint_follows_hub_strategy(
+    trained: tuple[SageGRPOTrainer, Path], hub: FakeHub, strategy: str, folder: str | None
+) -> None:
+    trainer, run_dir = trained
+    args = trainer_args(trainer, push_to_hub=True, hub_strategy=HubStrategy(strategy), hub_license="mit")
+    checkpoint = run_dir / "checkpoint-2"
+    commits = push_checkpoint(args, checkpoint, endpoint=hub.url, raise_on_error=True)
+    files = hub.files("tester/from-trainer")
+    assert len(commits) == (1 if folder is None else 2)
+    assert files[LORA_WEIGHT_NAME] == (checkpoint / LORA_WEIGHT_NAME).read_bytes()
+    assert {LORA_WEIGHT_NAME, ADAPTER_INFO_FILE, "sage_config.json", "README.md"} <= set(files)
+    readme = files["README.md"].decode()
+    assert "Training in progress" in readme and "optimizer step 2 of 2" in readme
+    nested = {path.split("/", 1)[0] for path in files if "/" in path}
+    assert nested == (set() if folder is None else {folder})
+    if folder is not None:  # the resumable checkpoint, optimizer state included
+        assert files[f"{folder}/optimizer.pt"] == (checkpoint / "optimizer.pt").read_bytes()
+    assert hub.repos["tester/from-trainer"].commits[0][0] == "Training in progress, step 2"
+
+
+def test_push_checkpoint_skips_end_strategy_and_survives_failures(
+    trained: tuple[SageGRPOTrainer, Path], hub: FakeHub, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    trainer, run_dir = trained
+    checkpoint = run_dir / "checkpoint-2"
+    end = trainer_args(trainer, push_to_hub=True, hub_strategy=HubStrategy.END, hub_license="mit")
+    assert push_checkpoint(end, checkpoint, endpoint=hub.url) == [] and hub.requests == []
+    args = trainer_args(trainer, push_to_hub=True, hub_strategy=HubStrategy.EVERY_SAVE, hub_license="mit")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with caplog.at_level(logging.WARNING, logger="sage_trl.hub"):
+        assert push_checkpoint(args, checkpoint, endpoint=hub.url) == []
+    assert "Intermediate push" in caplog.text and "offline" in caplog.text
+    with pytest.raises(HubPushError, match="offline"):
+        push_checkpoint(args, checkpoint, endpoint=hub.url, raise_on_error=True)
+
+
+# ------------------------------------------------------------------------------------------
+# A real diffusers pipeline
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_uploaded_adapter_loads_into_a_tiny_wan_pipeline(
+    tiny_wan_path: Path, tmp_path: Path, hub: FakeHub
+) -> None:
+    from diffusers import WanPipeline
+
+    from sage_env.backbones import load_backbone
+    from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE
+
+    output = tmp_path / "wan-run"
+    args = tiny_args(
+        output, model_name_or_path=str(tiny_wan_path), max_steps=1, num_inference_steps=2, **TINY_VIDEO_SIZE
+    )
+    trainer = SageGRPOTrainer(
+        load_backbone(str(tiny_wan_path)),
+        mean_brightness,
+        args=args,
+        train_dataset=PROMPTS,
+        peft_config=LoraConfig(r=2, lora_alpha=4, init_lora_weights="gaussian"),
+    )
+    trainer.train()
+    trainer.save_model(str(output))
+    mark_training_complete(output, trainer.state.global_step)
+    push_output_dir(
+        output, "tester/wan-lora", token="hf_write", license="apache-2.0", endpoint=hub.url, base_model=WAN_ID
+    )
+    assert 'pipe.load_lora_weights("tester/wan-lora")' in hub.files("tester/wan-lora")["README.md"].decode()
+    pipe = WanPipeline.from_pretrained(tiny_wan_path)
+    inputs = {
+        "hidden_states": torch.randn(1, 4, 2, 2, 2),
+        "timestep": torch.tensor([700.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 32),
+        "return_dict": False,
+    }
+    with torch.no_grad():
+        base = pipe.transformer(**inputs)[0]
+        pipe.load_lora_weights(str(hub.download("tester/wan-lora", tmp_path / "download")))
+        loaded = pipe.transformer(**inputs)[0]
+        trained_output = trainer.backbone.transformer(**inputs)[0]
+    torch.testing.assert_close(loaded, trained_output)
+    assert not torch.allclose(base, trained_output, atol=1e-6)
