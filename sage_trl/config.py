@@ -159,6 +159,26 @@ class SageGRPOConfig(GRPOConfig):
             "Full fine-tuning: keep the KL reference copy on CPU between uses (LoRA anchors are adapter snapshots)."
         ),
     )
+    precompute_prompt_embeddings: bool = field(
+        default=False,
+        metadata=_help(
+            "Encode every training prompt once before training, then move the text encoders off the accelerator."
+        ),
+    )
+    offload_text_encoders: bool = field(
+        default=True,
+        metadata=_help("Keep text encoders off the accelerator between prompt encodings (no-op on CPU)."),
+    )
+    vae_tiling: bool = field(default=False, metadata=_help("Decode rollouts in spatial tiles (less memory)."))
+    vae_slicing: bool = field(
+        default=False, metadata=_help("Decode rollouts one video at a time (less memory).")
+    )
+    reward_offload: bool = field(
+        default=False,
+        metadata=_help(
+            "Move reward models off the accelerator between scoring calls (reward functions with an offload())."
+        ),
+    )
     diffusers_gradient_checkpointing: bool = field(
         default=False,
         metadata=_help(

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset
-from transformers import TrainerCallback
+from transformers import TrainerCallback, set_seed
 from trl import GRPOTrainer
 
 from agents import ALGORITHM_CLASSES, PolicyGradientAlgorithm, References
@@ -107,6 +107,7 @@ class SageGRPOTrainer(GRPOTrainer):
         args = args if args is not None else SageGRPOConfig(output_dir="sage-grpo-output")
         if not isinstance(args, SageGRPOConfig):
             raise ValueError(f"args must be a SageGRPOConfig, got {type(args).__name__}.")
+        set_seed(args.seed)  # the adapter's random init must follow the run's seed
         self.backbone = self._load_backbone(model, args)
         self.peft_config = add_lora(self.backbone, peft_config) if peft_config is not None else None
         if peft_config is None:
@@ -125,8 +126,7 @@ class SageGRPOTrainer(GRPOTrainer):
             optimizers=optimizers,
         )
         _trl_compat.init_grpo_state(self, args)
-        if args.diffusers_gradient_checkpointing:
-            self.backbone.transformer.enable_gradient_checkpointing()
+        self._enable_memory_savers(args)
         self.references: References = self.algorithm.build_references(self.backbone.transformer)
         self.env = self._build_env(args)
         self._generation_round = 0
@@ -200,6 +200,17 @@ class SageGRPOTrainer(GRPOTrainer):
             device=self.accelerator.device,
         )
 
+    def _enable_memory_savers(self, args: SageGRPOConfig) -> None:
+        """The switches of docs/training_on_gpus.md; each leaves the training result unchanged."""
+        if args.diffusers_gradient_checkpointing:
+            self.backbone.transformer.enable_gradient_checkpointing()
+        self.backbone.enable_vae_memory_savers(tiling=args.vae_tiling, slicing=args.vae_slicing)
+        if args.precompute_prompt_embeddings:
+            prompts = list(dict.fromkeys(self.train_dataset["prompt"]))
+            for start in range(0, len(prompts), 64):
+                self.backbone.encode_prompts(prompts[start : start + 64], args.negative_prompt)
+            self.backbone.offload_text_encoders()
+
     # -- rollouts --------------------------------------------------------------------------------
 
     def _rollout_seeds(self, count: int) -> list[int]:
@@ -213,6 +224,8 @@ class SageGRPOTrainer(GRPOTrainer):
     def _rollout(self, prompts: list[str], seeds: list[int]) -> Trajectory:
         observation, _ = self.env.reset(options={"prompts": prompts, "seeds": seeds})
         conditioning = self.backbone.encode_prompts(prompts, self.args.negative_prompt)
+        if self.args.offload_text_encoders:
+            self.backbone.offload_text_encoders()
         was_training = self.backbone.transformer.training
         self.backbone.transformer.eval()
         try:

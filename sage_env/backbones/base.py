@@ -190,6 +190,28 @@ class VideoBackbone(ABC):
             str(path), prefix="transformer", adapter_name=adapter_name, use_safetensors=True
         )
 
+    # -- decoding memory -------------------------------------------------------------------------
+
+    @property
+    def vae(self) -> torch.nn.Module | None:
+        """The autoencoder that decodes latents; None for pixel-space models."""
+        return None
+
+    def enable_vae_memory_savers(self, tiling: bool = False, slicing: bool = False) -> None:
+        """Decode in spatial tiles and/or one video at a time (diffusers' ``enable_tiling``/``enable_slicing``)
+        to bound the memory of decoding rollouts. Same videos up to the tiles' blending."""
+        if not (tiling or slicing):
+            return
+        if self.vae is None:
+            raise ValueError(
+                f"{type(self).__name__} decodes without a VAE; vae_tiling/vae_slicing do not apply."
+            )
+        for wanted, method in ((tiling, "enable_tiling"), (slicing, "enable_slicing")):
+            if wanted and not hasattr(self.vae, method):
+                raise ValueError(f"{type(self.vae).__name__} has no {method}(); turn that saver off.")
+            if wanted:
+                getattr(self.vae, method)()
+
     # -- placement -------------------------------------------------------------------------------
 
     @property

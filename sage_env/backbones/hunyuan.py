@@ -183,6 +183,11 @@ class HunyuanVideo15Backbone(VideoBackbone):
             prompt=prompts, device=self.device, dtype=self.transformer.dtype, batch_size=len(prompts)
         )
 
+    @property
+    def vae(self) -> torch.nn.Module:
+        """The pipeline's autoencoder."""
+        return self.pipeline.vae
+
     def offload_text_encoders(self, device: torch.device | str = "cpu") -> None:
         """Move both text encoders to ``device``; new prompts are encoded on the transformer's device."""
         for encoder in self._text_encoders():

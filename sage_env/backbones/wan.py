@@ -204,6 +204,11 @@ class WanBackbone(VideoBackbone):
         )
         return prompt_embeds
 
+    @property
+    def vae(self) -> torch.nn.Module:
+        """The pipeline's autoencoder."""
+        return self.pipeline.vae
+
     def offload_text_encoders(self, device: torch.device | str = "cpu") -> None:
         """Move the UMT5 text encoder to ``device``; new prompts are encoded on the transformer's device."""
         self.pipeline.text_encoder.to(device)
