@@ -394,6 +394,9 @@ def _hyperparameter_rows(run: RunRecord) -> list[tuple[str, str]]:
 
 
 def _reward_components(run: RunRecord) -> list[str]:
+    resolved = run.config.get("resolved_reward_weights")
+    if resolved:  # what entered the total reward (reported-only components such as *_raw are left out)
+        return sorted(resolved)
     if run.eval_results and isinstance(run.eval_results.get("after"), dict):
         names = set(run.eval_results["after"])
     else:
@@ -405,6 +408,9 @@ def _reward_components(run: RunRecord) -> list[str]:
 
 def _reward_weights(config: dict[str, Any], components: Sequence[str]) -> tuple[dict[str, str], str]:
     """``({component: weight}, how the weights were chosen)`` as the trainer resolved them."""
+    resolved = config.get("resolved_reward_weights")
+    if resolved:
+        return {name: _format_value(float(w)) for name, w in resolved.items()}, "as resolved by the trainer"
     explicit = config.get("reward_component_weights")
     if isinstance(explicit, str):
         explicit = json.loads(explicit)

@@ -130,6 +130,7 @@ class SageGRPOTrainer(GRPOTrainer):
         self.references: References = self.algorithm.build_references(self.backbone.transformer)
         self.env = self._build_env(args)
         self._generation_round = 0
+        self._resolved_reward_weights: dict[str, float] | None = None
         self._kl_values: list[float] = []
         self.add_callback(_AlgorithmCallback(self))
 
@@ -248,6 +249,9 @@ class SageGRPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         trajectory = self._rollout(prompts, self._rollout_seeds(len(prompts)))
         self._generation_round += 1
+        self._resolved_reward_weights = dict(trajectory.rewards.weights)
+        if self.args.reward_offload:
+            self._offload_reward_models()
         rollout_time = time.perf_counter() - start
         advantages, usable = self._global_advantages(trajectory, prompts)
         self._log_rollout_metrics(trajectory, rollout_time, time.perf_counter() - start - rollout_time)
@@ -263,6 +267,12 @@ class SageGRPOTrainer(GRPOTrainer):
             "seeds": trajectory.seeds.to(self.accelerator.device),
             "prompt": list(trajectory.prompts),
         }
+
+    def _offload_reward_models(self) -> None:
+        """Move reward models off the accelerator until the next scoring call (``reward_offload``)."""
+        for reward_fn in self.reward.reward_funcs:
+            if callable(getattr(reward_fn, "offload", None)):
+                reward_fn.offload()
 
     def _global_advantages(
         self, trajectory: Trajectory, prompts: list[str]
@@ -446,8 +456,11 @@ class SageGRPOTrainer(GRPOTrainer):
             self.backbone.transformer.save_pretrained(
                 os.path.join(output_dir, "transformer"), state_dict=state_dict
             )
+        config = self.args.to_dict()
+        if self._resolved_reward_weights is not None:
+            config["resolved_reward_weights"] = self._resolved_reward_weights
         with open(os.path.join(output_dir, CONFIG_FILE), "w") as handle:
-            json.dump(self.args.to_dict(), handle, indent=2, default=str)
+            json.dump(config, handle, indent=2, default=str)
 
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
         """Write ``checkpoint-N`` atomically: everything goes to a staging folder renamed at the end, so a

@@ -59,9 +59,9 @@ class RewardOutput:
         total: ``(B,)`` float32 weighted reward; NaN where the sample is invalid.
         components: ``{name: (B,) float32}`` every named score (weighted or reported only); NaN where a
             score could not be computed.
-        valid: ``(B,)`` bool, False where any weighted component failed (raised, NaN or inf).
+        valid: ``(B,)`` bool, False where a component with a nonzero weight failed (raised, NaN or inf).
         errors: one entry per sample: None when valid, else the reason.
-        weights: the weight of each component that enters ``total``.
+        weights: the weight of each weighted component (one with weight 0 is listed but enters nothing).
     """
 
     total: torch.Tensor
@@ -77,10 +77,16 @@ class RewardOutput:
 
 
 def check_videos(videos: torch.Tensor, num_prompts: int | None = None) -> None:
-    """Raise ``ValueError`` unless ``videos`` is a finite float ``(B, F, 3, H, W)`` tensor in [0, 1]."""
+    """Raise ``ValueError`` unless ``videos`` is a float ``(B, F, 3, H, W)`` tensor in [0, 1].
+
+    Non-finite pixels are let through on purpose: a diverged rollout must not stop training, its reward comes
+    out NaN and `CompositeReward` marks that sample invalid.
+    """
     if not isinstance(videos, torch.Tensor) or not videos.is_floating_point():
+        kind = f"a {videos.dtype} tensor" if isinstance(videos, torch.Tensor) else type(videos).__name__
         raise ValueError(
-            f"videos must be a float tensor (B, F, 3, H, W) in [0, 1], got {type(videos).__name__}."
+            f"videos must be a float tensor (B, F, 3, H, W) in [0, 1], got {kind}; "
+            "convert uint8 videos with v.float() / 255."
         )
     if videos.ndim != 5 or videos.shape[2] != 3:
         raise ValueError(
@@ -91,9 +97,10 @@ def check_videos(videos: torch.Tensor, num_prompts: int | None = None) -> None:
         raise ValueError(
             f"Got {videos.shape[0]} videos but {num_prompts} prompts; pass one prompt per video."
         )
-    if videos.numel() and (videos.min() < -1e-3 or videos.max() > 1 + 1e-3):
+    finite = videos[torch.isfinite(videos)]
+    if finite.numel() and (finite.min() < -1e-3 or finite.max() > 1 + 1e-3):
         raise ValueError(
-            f"video values must lie in [0, 1], got [{videos.min():.3g}, {videos.max():.3g}]; "
+            f"video values must lie in [0, 1], got [{finite.min():.3g}, {finite.max():.3g}]; "
             "map [-1, 1] videos with (v + 1) / 2 and uint8 videos with v / 255."
         )
 
@@ -103,11 +110,19 @@ def _function_name(reward_fn: Callable) -> str:
 
 
 def _as_scores(raw: Any, reward_fn: Callable, batch_size: int) -> dict[str, torch.Tensor]:
-    """Normalise one function's output to ``{name: (B,) float32 tensor}``."""
+    """Normalise one function's output to ``{name: (B,) float32 tensor}``; raise ``ValueError`` on bad shapes."""
     named = raw if isinstance(raw, Mapping) else {_function_name(reward_fn): raw}
+    if not named:
+        raise ValueError(f"Reward {_function_name(reward_fn)!r} returned no components; return at least one.")
     scores = {}
     for name, value in named.items():
-        tensor = torch.as_tensor(value, dtype=torch.float32).detach().cpu().reshape(-1)
+        try:
+            tensor = torch.as_tensor(value, dtype=torch.float32).detach().cpu().reshape(-1)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"Reward {_function_name(reward_fn)!r} returned {type(value).__name__} for component {name!r}; "
+                "return a (B,) tensor, array or list of floats."
+            ) from error
         if tensor.shape != (batch_size,):
             raise ValueError(
                 f"Reward {_function_name(reward_fn)!r} returned {tuple(tensor.shape)} values for component "
@@ -117,13 +132,28 @@ def _as_scores(raw: Any, reward_fn: Callable, batch_size: int) -> dict[str, torc
     return scores
 
 
+def _as_weight(name: str, value: Any) -> float:
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"reward weight {name!r} must be a number, got {value!r}.") from None
+    if not math.isfinite(weight):
+        raise ValueError(f"reward weight {name!r} must be finite, got {weight}.")
+    return weight
+
+
 def resolve_reward_weights(
     reward_weights: Mapping[str, float] | Sequence[float] | str | None, reward_funcs: Sequence[Callable]
 ) -> dict[str, float] | list[float]:
-    """Validate ``reward_weights``: a preset name, ``{component: weight}``, or one weight per function (TRL)."""
+    """Validate ``reward_weights``: a preset name, ``{component: weight}``, or one weight per function (TRL).
+
+    ``None`` gives the paper's Setting B for components named ``vq``/``mq``/``ta`` plus 1.0 for every other
+    function's own name (the name a single-score function's component gets).
+    """
     if reward_weights is None:
         defaults = dict(REWARD_PRESETS["setting_b"])
-        defaults.update({_function_name(f): 1.0 for f in reward_funcs})
+        for reward_fn in reward_funcs:
+            defaults.setdefault(_function_name(reward_fn), 1.0)
         return defaults
     if isinstance(reward_weights, str):
         if reward_weights not in REWARD_PRESETS:
@@ -132,18 +162,22 @@ def resolve_reward_weights(
             )
         return dict(REWARD_PRESETS[reward_weights])
     if isinstance(reward_weights, Mapping):
-        weights = {str(k): float(v) for k, v in reward_weights.items()}
-    else:
-        weights = [float(v) for v in reward_weights]
-        if len(weights) != len(reward_funcs):
-            raise ValueError(
-                f"Got {len(weights)} reward_weights for {len(reward_funcs)} reward functions; pass one weight per "
-                "function (TRL style) or a {component: weight} mapping."
-            )
-    values = weights.values() if isinstance(weights, dict) else weights
-    if not all(math.isfinite(v) for v in values):
-        raise ValueError(f"reward_weights must be finite numbers, got {reward_weights!r}.")
+        return {str(name): _as_weight(str(name), value) for name, value in reward_weights.items()}
+    weights = [_as_weight(f"#{index}", value) for index, value in enumerate(reward_weights)]
+    if len(weights) != len(reward_funcs):
+        raise ValueError(
+            f"Got {len(weights)} reward_weights for {len(reward_funcs)} reward functions; pass one weight per "
+            "function (TRL style) or a {component: weight} mapping."
+        )
     return weights
+
+
+@dataclass
+class _FunctionScores:
+    """What one reward function gave for a batch: its components and, per sample, why it failed (or None)."""
+
+    scores: dict[str, torch.Tensor]
+    failures: list[str | None]
 
 
 class CompositeReward:
@@ -155,12 +189,14 @@ class CompositeReward:
 
             * ``None`` (default): the paper's Setting B for components named ``vq``/``mq``/``ta``
               (0.5 / 0.5 / 1.0) and 1.0 for every single-output function (keyed by its ``__name__``);
-            * ``"setting_a"`` / ``"setting_b"``: the paper's presets;
+              components without a weight are reported only;
+            * ``"setting_a"`` / ``"setting_b"``: the paper's presets (every named component must be produced);
             * ``{component: weight}``: explicit weights; components without a weight are reported only;
             * ``[w_1, ..., w_n]``: TRL style, one weight per function; every function must then return a
-              single score (a tensor, not a mapping).
+              single score (a tensor, or a mapping with one entry).
 
-    Calling the composite returns a `RewardOutput`.
+    A component with weight 0 is reported but neither enters the total nor can invalidate a sample. Calling
+    the composite returns a `RewardOutput`.
     """
 
     def __init__(
@@ -181,78 +217,74 @@ class CompositeReward:
     # -- scoring ---------------------------------------------------------------------------------
 
     def __call__(self, videos: torch.Tensor, prompts: Sequence[str], *, fps: float = 16.0) -> RewardOutput:
-        """Score ``videos`` for ``prompts``; see `RewardOutput`."""
+        """Score ``videos`` ``(B, F, 3, H, W)`` in [0, 1] for ``prompts`` at frame rate ``fps``; see `RewardOutput`."""
         check_videos(videos, len(prompts))
-        batch_size = videos.shape[0]
+        results = [self._call_robustly(f, videos, list(prompts), fps) for f in self.reward_funcs]
         components: dict[str, torch.Tensor] = {}
-        errors: list[list[str]] = [[] for _ in range(batch_size)]
-        function_totals = []
-        for reward_fn in self.reward_funcs:
-            scores = self._call_robustly(reward_fn, videos, prompts, fps, errors)
-            overlap = components.keys() & scores.keys()
+        failure_of: dict[str, list[str | None]] = {}
+        for result in results:
+            overlap = sorted(components.keys() & result.scores.keys())
             if overlap:
-                raise ValueError(
-                    f"Two reward functions produced the component(s) {sorted(overlap)}; rename one."
-                )
-            components.update(scores)
-            function_totals.append(scores)
-        weights = self._component_weights(function_totals)
-        total = sum(weight * components[name] for name, weight in weights.items())
-        for name in weights:
-            for row in torch.nonzero(~torch.isfinite(components[name])).flatten().tolist():
-                if not errors[row]:
-                    errors[row].append(f"component {name!r} is {components[name][row].item()}")
-        valid = torch.tensor([not e for e in errors], dtype=torch.bool)
+                raise ValueError(f"Two reward functions produced the component(s) {overlap}; rename one.")
+            components.update(result.scores)
+            failure_of.update(dict.fromkeys(result.scores, result.failures))
+        weights = self._component_weights([result.scores for result in results])
+        active = {name: weight for name, weight in weights.items() if weight != 0}
+        reasons = [_invalid_reason(row, components, active, failure_of) for row in range(videos.shape[0])]
+        valid = torch.tensor([reason is None for reason in reasons], dtype=torch.bool)
+        total = sum((weight * components[name] for name, weight in active.items()), torch.zeros(len(reasons)))
         total = torch.where(valid, total, torch.full_like(total, math.nan))
-        reasons = ["; ".join(e) if e else None for e in errors]
         return RewardOutput(total=total, components=components, valid=valid, errors=reasons, weights=weights)
 
     def _call_robustly(
-        self,
-        reward_fn: Callable,
-        videos: torch.Tensor,
-        prompts: Sequence[str],
-        fps: float,
-        errors: list[list[str]],
-    ) -> dict[str, torch.Tensor]:
-        """Call on the batch; if that raises, sample by sample, marking failing samples invalid."""
-        name = _function_name(reward_fn)
+        self, reward_fn: Callable, videos: torch.Tensor, prompts: list[str], fps: float
+    ) -> _FunctionScores:
+        """Call on the batch; if that raises, sample by sample, keeping each failing sample's reason.
+
+        Only exceptions raised *by the reward function* are caught: outputs of the wrong shape raise at once,
+        they are a bug in the function, not a bad sample.
+        """
+        batch_size = videos.shape[0]
         try:
-            return _as_scores(reward_fn(videos, list(prompts), fps=fps), reward_fn, videos.shape[0])
-        except Exception as batch_error:
-            rows: list[dict[str, torch.Tensor] | None] = []
-            for index in range(videos.shape[0]):
-                try:
-                    rows.append(
-                        _as_scores(
-                            reward_fn(videos[index : index + 1], [prompts[index]], fps=fps), reward_fn, 1
-                        )
-                    )
-                except Exception as error:
-                    errors[index].append(f"reward {name!r} raised {type(error).__name__}: {error}")
-                    rows.append(None)
-            succeeded = [row for row in rows if row is not None]
-            if not succeeded:
-                raise batch_error
-            template = succeeded[0]
-            return {
-                component: torch.cat(
-                    [row[component] if row is not None else torch.tensor([math.nan]) for row in rows]
-                )
-                for component in template
-            }
+            raw = reward_fn(videos, prompts, fps=fps)
+        except Exception:
+            if batch_size == 1:
+                raise
+            return self._call_per_sample(reward_fn, videos, prompts, fps)
+        return _FunctionScores(_as_scores(raw, reward_fn, batch_size), [None] * batch_size)
+
+    @staticmethod
+    def _call_per_sample(
+        reward_fn: Callable, videos: torch.Tensor, prompts: list[str], fps: float
+    ) -> _FunctionScores:
+        name = _function_name(reward_fn)
+        rows: list[dict[str, torch.Tensor] | None] = []
+        failures: list[str | None] = []
+        first_error: Exception | None = None
+        for index in range(videos.shape[0]):
+            try:
+                raw = reward_fn(videos[index : index + 1], prompts[index : index + 1], fps=fps)
+            except Exception as error:
+                first_error = first_error or error
+                rows.append(None)
+                failures.append(f"reward {name!r} raised {type(error).__name__}: {error}")
+                continue
+            rows.append(_as_scores(raw, reward_fn, 1))
+            failures.append(None)
+        succeeded = [row for row in rows if row is not None]
+        if not succeeded:
+            # Every sample fails on its own too: the reward itself is broken, surface its error.
+            raise first_error
+        names = list(succeeded[0])
+        if any(list(row) != names for row in succeeded):
+            raise ValueError(f"Reward {name!r} returned different component names for different samples.")
+        nan = torch.tensor([math.nan])
+        scores = {key: torch.cat([row[key] if row is not None else nan for row in rows]) for key in names}
+        return _FunctionScores(scores, failures)
 
     def _component_weights(self, function_scores: list[dict[str, torch.Tensor]]) -> dict[str, float]:
         if isinstance(self.reward_weights, list):
-            weights = {}
-            for reward_fn, scores, weight in zip(self.reward_funcs, function_scores, self.reward_weights):
-                if len(scores) != 1:
-                    raise ValueError(
-                        f"Reward {_function_name(reward_fn)!r} returns several components {sorted(scores)}; "
-                        "give reward_weights as a {component: weight} mapping instead of a list."
-                    )
-                weights[next(iter(scores))] = weight
-            return weights
+            return self._per_function_weights(function_scores)
         produced = {name for scores in function_scores for name in scores}
         missing = sorted(set(self.reward_weights) - produced)
         if self._weights_are_explicit and missing:
@@ -267,6 +299,35 @@ class CompositeReward:
                 f"{self.reward_weights}; name at least one of them."
             )
         return weights
+
+    def _per_function_weights(self, function_scores: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        weights = {}
+        for reward_fn, scores, weight in zip(self.reward_funcs, function_scores, self.reward_weights):
+            if len(scores) != 1:
+                raise ValueError(
+                    f"Reward {_function_name(reward_fn)!r} returns several components {sorted(scores)}; "
+                    "give reward_weights as a {component: weight} mapping instead of a list."
+                )
+            weights[next(iter(scores))] = weight
+        return weights
+
+
+def _invalid_reason(
+    row: int,
+    components: dict[str, torch.Tensor],
+    weights: dict[str, float],
+    failure_of: dict[str, list[str | None]],
+) -> str | None:
+    """Why sample ``row`` is invalid (a weighted component raised or is NaN/inf), or None when it is valid."""
+    reasons: list[str] = []
+    for name in weights:
+        value = components[name][row].item()
+        if math.isfinite(value):
+            continue
+        reason = failure_of[name][row] or f"component {name!r} is {value}"
+        if reason not in reasons:
+            reasons.append(reason)
+    return "; ".join(reasons) if reasons else None
 
 
 def as_composite_reward(reward: Callable | Sequence[Callable] | CompositeReward) -> CompositeReward:
