@@ -68,17 +68,19 @@ class ParameterSnapshot:
     def applied(self) -> Iterator[None]:
         """Compute with the snapshot's weights inside the block; the live weights are restored after.
 
-        The parameters' storage is swapped, not copied (a CPU-offloaded snapshot is moved to the device), so a
-        full-model snapshot costs no temporary copy of the live weights.
+        Values are copied into the parameters in place (not swapped by reassigning ``.data``): FSDP2 gathers
+        from its own sharded storage, which a reassignment would leave untouched.
         """
-        live = {name: parameter.data for name, parameter in self.parameters.items()}
-        for name, parameter in self.parameters.items():
-            parameter.data = self.values[name].to(parameter.device, non_blocking=True)
+        with torch.no_grad():
+            live = {name: parameter.detach().clone() for name, parameter in self.parameters.items()}
+            for name, parameter in self.parameters.items():
+                parameter.copy_(self.values[name])
         try:
             yield
         finally:
-            for name, parameter in self.parameters.items():
-                parameter.data = live[name]
+            with torch.no_grad():
+                for name, parameter in self.parameters.items():
+                    parameter.copy_(live[name])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The snapshot tensors (for checkpoints)."""

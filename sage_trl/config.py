@@ -153,6 +153,12 @@ class SageGRPOConfig(GRPOConfig):
         default=4,
         metadata=_help("(sample, step) pairs per forward in the training phase; lower it to save memory."),
     )
+    rollout_batch_size: int | None = field(
+        default=None,
+        metadata=_help(
+            "Videos per transformer forward during rollouts (memory); None: the whole rollout batch at once."
+        ),
+    )
     reference_offload: bool = field(
         default=False,
         metadata=_help(
@@ -272,6 +278,8 @@ class SageGRPOConfig(GRPOConfig):
             )
 
     def _validate_sampling(self) -> None:
+        if self.rollout_batch_size is not None and self.rollout_batch_size < 1:
+            raise ValueError(f"rollout_batch_size must be >= 1 or None, got {self.rollout_batch_size}.")
         for name in ("num_frames", "height", "width", "num_inference_steps", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")

@@ -74,13 +74,28 @@ def evaluate_policy(
         raise ValueError(f"Need one seed per prompt, got {len(prompts)} prompts and {len(seeds)} seeds.")
     parts = []
     for start in range(0, len(prompts), batch_size):
-        batch_prompts, batch_seeds = list(prompts[start : start + batch_size]), list(seeds[start : start + batch_size])
-        env = DenoisingVectorEnv(backbone, reward, num_envs=len(batch_prompts), group_size=1, num_frames=num_frames,
-                                 height=height, width=width, num_steps=num_steps, shift=shift, sde=sde, eta=0.0)
+        batch_prompts, batch_seeds = (
+            list(prompts[start : start + batch_size]),
+            list(seeds[start : start + batch_size]),
+        )
+        env = DenoisingVectorEnv(
+            backbone,
+            reward,
+            num_envs=len(batch_prompts),
+            group_size=1,
+            num_frames=num_frames,
+            height=height,
+            width=width,
+            num_steps=num_steps,
+            shift=shift,
+            sde=sde,
+            eta=0.0,
+        )
         parts.append(_rollout(env, backbone, batch_prompts, batch_seeds, guidance_scale, negative_prompt))
     rewards = [trajectory.rewards for trajectory in parts]
     return EvaluationResult(
-        prompts=list(prompts), seeds=list(seeds),
+        prompts=list(prompts),
+        seeds=list(seeds),
         components={name: torch.cat([r.components[name] for r in rewards]) for name in rewards[0].components},
         total=torch.cat([r.total for r in rewards]),
         videos=torch.cat([trajectory.videos.cpu() for trajectory in parts]),
@@ -92,8 +107,9 @@ def _rollout(env, backbone, prompts, seeds, guidance_scale, negative_prompt):
     conditioning = backbone.encode_prompts(prompts, negative_prompt)
     while True:
         with torch.no_grad():
-            velocity = backbone.predict_velocity(observation["latents"], observation["sigma"], conditioning,
-                                                 guidance_scale)
+            velocity = backbone.predict_velocity(
+                observation["latents"], observation["sigma"], conditioning, guidance_scale
+            )
         observation, _, terminated, _, _ = env.step(velocity)
         if bool(terminated.all()):
             return env.trajectory

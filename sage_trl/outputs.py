@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,13 @@ __all__ = [
     "save_video_gif",
 ]
 
-_STATUS_KEYS = (("reward/total", "reward"), ("kl/coef", "kl coef"), ("kl/total", "kl"), ("loss", "loss"),
-                ("train/clip_fraction", "clip"))
+_STATUS_KEYS = (
+    ("reward/total", "reward"),
+    ("kl/coef", "kl coef"),
+    ("kl/total", "kl"),
+    ("loss", "loss"),
+    ("train/clip_fraction", "clip"),
+)
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -32,7 +36,9 @@ class MetricsFileCallback(TrainerCallback):
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         if not state.is_world_process_zero or not logs:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +63,9 @@ class StatusCallback(TrainerCallback):
         if self.bar is not None:
             self.bar.update(state.global_step - self.bar.n)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         if self.bar is None or not logs or "loss" not in logs:
             return
         self.bar.write(format_status(state.global_step, state.max_steps, logs))
@@ -71,8 +79,11 @@ class StatusCallback(TrainerCallback):
 def format_status(step: int, max_steps: int, logs: dict[str, Any]) -> str:
     """``step 3/40 | reward 0.812 (vq 0.9 mq 0.7 ta 0.8) | kl coef 1.0e-06 | ... | 2.1 s/step``."""
     parts = [f"step {step}/{max_steps}"]
-    components = [(k.split("/", 1)[1], v) for k, v in logs.items() if k.startswith("reward/") and
-                  k not in ("reward/total", "reward/total_std", "reward/invalid_count")]
+    components = [
+        (k.split("/", 1)[1], v)
+        for k, v in logs.items()
+        if k.startswith("reward/") and k not in ("reward/total", "reward/total_std", "reward/invalid_count")
+    ]
     for key, label in _STATUS_KEYS:
         value = logs.get(key)
         if value is None:
@@ -97,7 +108,8 @@ def plot_reward_curves(metrics_path: str | os.PathLike, output_dir: str | os.Pat
     import matplotlib.pyplot as plt
 
     records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
-    names = sorted({k for r in records for k in r if k.startswith("reward/") and k != "reward/invalid_count"})
+    not_components = ("reward/invalid_count", "reward/total_std")
+    names = sorted({k for r in records for k in r if k.startswith("reward/") and k not in not_components})
     written = []
     for name in names:
         points = [(r["step"], r[name]) for r in records if name in r and math.isfinite(r[name])]
@@ -125,15 +137,22 @@ def _frames_uint8(videos: torch.Tensor, scale: int) -> np.ndarray:
     return frames.cpu().numpy()
 
 
-def save_video_gif(videos: torch.Tensor, path: str | os.PathLike, fps: float = 8.0, scale: int = 4,
-                   columns: int | None = None) -> Path:
+def save_video_gif(
+    videos: torch.Tensor,
+    path: str | os.PathLike,
+    fps: float = 8.0,
+    scale: int = 4,
+    columns: int | None = None,
+) -> Path:
     """Tile ``(N, F, 3, H, W)`` videos into one animated GIF (``columns`` per row, all N by default)."""
     frames = _frames_uint8(videos, scale)
     count, num_frames, height, width, _ = frames.shape
     columns = columns or count
     rows = math.ceil(count / columns)
     gap = max(scale // 2, 1)
-    canvas = np.full((num_frames, rows * (height + gap) - gap, columns * (width + gap) - gap, 3), 255, np.uint8)
+    canvas = np.full(
+        (num_frames, rows * (height + gap) - gap, columns * (width + gap) - gap, 3), 255, np.uint8
+    )
     for index in range(count):
         row, column = divmod(index, columns)
         top, left = row * (height + gap), column * (width + gap)
@@ -145,22 +164,13 @@ def save_video_gif(videos: torch.Tensor, path: str | os.PathLike, fps: float = 8
     return path
 
 
-def save_comparison_gif(before: torch.Tensor, after: torch.Tensor, path: str | os.PathLike, fps: float = 8.0,
-                        scale: int = 4) -> Path:
+def save_comparison_gif(
+    before: torch.Tensor, after: torch.Tensor, path: str | os.PathLike, fps: float = 8.0, scale: int = 4
+) -> Path:
     """An animated grid with one row per video: before training on the left, after on the right."""
     if before.shape != after.shape:
-        raise ValueError(f"before {tuple(before.shape)} and after {tuple(after.shape)} must have the same shape.")
+        raise ValueError(
+            f"before {tuple(before.shape)} and after {tuple(after.shape)} must have the same shape."
+        )
     interleaved = torch.stack([before, after], dim=1).flatten(0, 1)
     return save_video_gif(interleaved, path, fps=fps, scale=scale, columns=2)
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a metrics JSONL file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def prompt_list_file(prompts: Sequence[str], path: str | os.PathLike) -> Path:
-    """Write prompts one per line."""
-    path = Path(path)
-    path.write_text("\n".join(prompts) + "\n")
-    return path

@@ -108,7 +108,7 @@ class SageGRPOTrainer(GRPOTrainer):
         if not isinstance(args, SageGRPOConfig):
             raise ValueError(f"args must be a SageGRPOConfig, got {type(args).__name__}.")
         set_seed(args.seed)  # the adapter's random init must follow the run's seed
-        self.backbone = self._load_backbone(model, args)
+        self.backbone = self._load_backbone(model, args, lora=peft_config is not None)
         self.peft_config = add_lora(self.backbone, peft_config) if peft_config is not None else None
         if peft_config is None:
             self.backbone.transformer.requires_grad_(True)
@@ -143,12 +143,13 @@ class SageGRPOTrainer(GRPOTrainer):
                 raise ValueError(f"SageGRPOTrainer does not take {name}: {reason}.")
 
     @staticmethod
-    def _load_backbone(model: VideoBackbone | str | None, args: SageGRPOConfig) -> VideoBackbone:
-        dtype = (
-            _DTYPES[args.torch_dtype]
-            if args.torch_dtype
-            else (torch.bfloat16 if args.bf16 else torch.float32)
-        )
+    def _load_backbone(model: VideoBackbone | str | None, args: SageGRPOConfig, lora: bool) -> VideoBackbone:
+        # LoRA: frozen bf16 base weights on GPU, fp32 adapter. Full fine-tuning keeps fp32 master weights (bf16
+        # autocast computes in bf16): Adam updates of ~1e-5 relative size would round away in bf16 weights.
+        if args.torch_dtype:
+            dtype = _DTYPES[args.torch_dtype]
+        else:
+            dtype = torch.bfloat16 if args.bf16 and lora else torch.float32
         return load_backbone(
             model if model is not None else args.model_name_or_path,
             backbone=args.backbone,
@@ -231,15 +232,29 @@ class SageGRPOTrainer(GRPOTrainer):
         self.backbone.transformer.eval()
         try:
             while True:
-                with torch.no_grad():
-                    velocity = self.backbone.predict_velocity(
-                        observation["latents"], observation["sigma"], conditioning, self.args.guidance_scale
-                    )
+                velocity = self._rollout_velocity(observation["latents"], observation["sigma"], conditioning)
                 observation, _, terminated, _, _ = self.env.step(velocity)
                 if bool(terminated.all()):
                     return self.env.trajectory
         finally:
             self.backbone.transformer.train(was_training)
+
+    @torch.no_grad()
+    def _rollout_velocity(
+        self, latents: torch.Tensor, sigma: torch.Tensor, conditioning: Any
+    ) -> torch.Tensor:
+        """The policy's velocity for the whole rollout batch, ``rollout_batch_size`` videos per forward."""
+        size = self.args.rollout_batch_size or len(latents)
+        parts = [
+            self.backbone.predict_velocity(
+                latents[start : start + size],
+                sigma[start : start + size],
+                conditioning.select(range(start, min(start + size, len(latents)))),
+                self.args.guidance_scale,
+            )
+            for start in range(0, len(latents), size)
+        ]
+        return torch.cat(parts)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Roll out the local prompts, gather rewards across processes, and return the local training batch."""

@@ -116,10 +116,12 @@ class VideoBackbone(ABC):
         missing = list(dict.fromkeys(p for p in prompts if (p, negative_prompt) not in self._prompt_cache))
         if missing:
             with torch.no_grad():
-                encoded = self._encode_uncached(missing, negative_prompt)
+                encoded = self._encode_uncached(missing, negative_prompt).to("cpu")
+            # The cache lives on the CPU: a long prompt list must not fill the accelerator.
             for row, prompt in enumerate(missing):
                 self._prompt_cache[(prompt, negative_prompt)] = encoded.select([row])
-        return PromptConditioning.concat([self._prompt_cache[(p, negative_prompt)] for p in prompts])
+        cached = PromptConditioning.concat([self._prompt_cache[(p, negative_prompt)] for p in prompts])
+        return cached.to(self.device)
 
     def clear_prompt_cache(self) -> None:
         """Forget every cached prompt encoding."""

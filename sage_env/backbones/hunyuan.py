@@ -68,7 +68,7 @@ class HunyuanVideo15Backbone(VideoBackbone):
     Example:
         ```python
         backbone = HunyuanVideo15Backbone.from_pretrained(
-            "hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v", torch_dtype=torch.bfloat16, device="cuda"
+            "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v", torch_dtype=torch.bfloat16, device="cuda"
         )
         conditioning = backbone.encode_prompts(["a cat surfing"])
         latents = torch.randn(1, *backbone.latent_shape(121, 480, 848), device="cuda")

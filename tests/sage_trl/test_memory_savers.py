@@ -75,6 +75,7 @@ def assert_same_update(weights: dict[str, torch.Tensor], reference: dict[str, to
         {"precompute_prompt_embeddings": True},
         {"vae_tiling": True, "vae_slicing": True},
         {"offload_text_encoders": False},
+        {"rollout_batch_size": 3},
     ],
     ids=[
         "gradient_checkpointing",
@@ -82,6 +83,7 @@ def assert_same_update(weights: dict[str, torch.Tensor], reference: dict[str, to
         "precompute_prompts",
         "vae_tiling_slicing",
         "no_encoder_offload",
+        "rollout_batch_3",
     ],
 )
 def test_saver_leaves_the_update_unchanged(
