@@ -25,7 +25,7 @@ import torch
 
 from agents.algorithm import AlgorithmConfig, PolicyGradientAlgorithm, TransitionBatch
 from sage_env.backbones import VideoBackbone
-from sage_env.env import Trajectory
+from sage_env.env import BackbonePolicy, Trajectory
 
 __all__ = [
     "AGENT_REGISTRY",
@@ -74,14 +74,11 @@ class PolicyGradientAgent(Agent):
         self.parameters = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.parameters, lr=self.config.learning_rate, weight_decay=0.0)
         self.references = algorithm.build_references(module)
+        self._act = BackbonePolicy(policy, self.config.guidance_scale, self.config.negative_prompt)
 
     def act(self, observation: Mapping[str, Any]) -> torch.Tensor:
         """Velocity of the current policy (with the config's classifier-free guidance), without gradients."""
-        latents = torch.as_tensor(observation["latents"], device=self.policy.device)
-        sigma = torch.as_tensor(observation["sigma"], device=self.policy.device)
-        conditioning = self.policy.encode_prompts(list(observation["prompt"]), self.config.negative_prompt)
-        with torch.no_grad():
-            return self.policy.predict_velocity(latents, sigma, conditioning, self.config.guidance_scale)
+        return self._act(observation)
 
     def update(self, trajectory: Trajectory) -> dict[str, float]:
         """``num_iterations`` passes over the rollout, ``num_minibatches`` optimizer steps each."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from sage_env.backbones import VideoBackbone
-from sage_env.env import DenoisingVectorEnv
+from sage_env.env import BackbonePolicy, DenoisingVectorEnv, run_episode
 from sage_env.rewards import CompositeReward
 
 __all__ = ["EvaluationResult", "evaluate_policy", "summary_table"]
@@ -91,7 +91,8 @@ def evaluate_policy(
             sde=sde,
             eta=0.0,
         )
-        parts.append(_rollout(env, backbone, batch_prompts, batch_seeds, guidance_scale, negative_prompt))
+        policy = BackbonePolicy(backbone, guidance_scale, negative_prompt)
+        parts.append(run_episode(env, policy, options={"prompts": batch_prompts, "seeds": batch_seeds}))
     rewards = [trajectory.rewards for trajectory in parts]
     return EvaluationResult(
         prompts=list(prompts),
@@ -100,19 +101,6 @@ def evaluate_policy(
         total=torch.cat([r.total for r in rewards]),
         videos=torch.cat([trajectory.videos.cpu() for trajectory in parts]),
     )
-
-
-def _rollout(env, backbone, prompts, seeds, guidance_scale, negative_prompt):
-    observation, _ = env.reset(options={"prompts": prompts, "seeds": seeds})
-    conditioning = backbone.encode_prompts(prompts, negative_prompt)
-    while True:
-        with torch.no_grad():
-            velocity = backbone.predict_velocity(
-                observation["latents"], observation["sigma"], conditioning, guidance_scale
-            )
-        observation, _, terminated, _, _ = env.step(velocity)
-        if bool(terminated.all()):
-            return env.trajectory
 
 
 def summary_table(before: EvaluationResult, after: EvaluationResult) -> str:

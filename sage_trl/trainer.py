@@ -26,7 +26,7 @@ from trl import GRPOTrainer
 
 from agents import ALGORITHM_CLASSES, PolicyGradientAlgorithm, References
 from sage_env.backbones import VideoBackbone, load_backbone
-from sage_env.env import DenoisingVectorEnv, Trajectory
+from sage_env.env import BackbonePolicy, DenoisingVectorEnv, Trajectory, run_episode
 from sage_env.rewards import CompositeReward
 from sage_trl import _trl_compat, hub
 from sage_trl.config import SageGRPOConfig
@@ -224,37 +224,18 @@ class SageGRPOTrainer(GRPOTrainer):
         return [int(s) & 0x7FFFFFFF for s in seeds]
 
     def _rollout(self, prompts: list[str], seeds: list[int]) -> Trajectory:
-        observation, _ = self.env.reset(options={"prompts": prompts, "seeds": seeds})
-        conditioning = self.backbone.encode_prompts(prompts, self.args.negative_prompt)
+        policy = BackbonePolicy(
+            self.backbone, self.args.guidance_scale, self.args.negative_prompt, self.args.rollout_batch_size
+        )
+        self.backbone.encode_prompts(prompts, self.args.negative_prompt)
         if self.args.offload_text_encoders:
             self.backbone.offload_text_encoders()
         was_training = self.backbone.transformer.training
         self.backbone.transformer.eval()
         try:
-            while True:
-                velocity = self._rollout_velocity(observation["latents"], observation["sigma"], conditioning)
-                observation, _, terminated, _, _ = self.env.step(velocity)
-                if bool(terminated.all()):
-                    return self.env.trajectory
+            return run_episode(self.env, policy, options={"prompts": prompts, "seeds": seeds})
         finally:
             self.backbone.transformer.train(was_training)
-
-    @torch.no_grad()
-    def _rollout_velocity(
-        self, latents: torch.Tensor, sigma: torch.Tensor, conditioning: Any
-    ) -> torch.Tensor:
-        """The policy's velocity for the whole rollout batch, ``rollout_batch_size`` videos per forward."""
-        size = self.args.rollout_batch_size or len(latents)
-        parts = [
-            self.backbone.predict_velocity(
-                latents[start : start + size],
-                sigma[start : start + size],
-                conditioning.select(range(start, min(start + size, len(latents)))),
-                self.args.guidance_scale,
-            )
-            for start in range(0, len(latents), size)
-        ]
-        return torch.cat(parts)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Roll out the local prompts, gather rewards across processes, and return the local training batch."""

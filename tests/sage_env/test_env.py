@@ -13,7 +13,7 @@ from gymnasium.utils.env_checker import check_env, data_equivalence
 
 import sage_env
 from sage_env import sde
-from sage_env.env import DenoisingEnv, DenoisingVectorEnv
+from sage_env.env import BackbonePolicy, DenoisingEnv, DenoisingVectorEnv, run_episode
 from tests.doubles import LinearBackbone, mean_brightness
 
 PROMPTS = ["a red ball moving left", "a blue cube moving up", "a green ball moving down"]
@@ -284,3 +284,13 @@ def test_bad_reset_options_raise_clear_errors() -> None:
         env.reset(options={"prompt": "x"})
     with pytest.raises(ValueError, match="DenoisingVectorEnv"):
         DenoisingEnv(LinearBackbone(), mean_brightness, PROMPTS, num_envs=2, **SIZE)
+
+
+def test_backbone_policy_batches_and_run_episode() -> None:
+    env = make_vector_env(num_envs=6, group_size=2)
+    whole = run_episode(env, BackbonePolicy(env.backbone), seed=5)
+    chunked = run_episode(env, BackbonePolicy(env.backbone, batch_size=4), seed=5)
+    torch.testing.assert_close(chunked.latents, whole.latents, rtol=0, atol=1e-6)
+    assert whole.latents.shape[1] == 5 and torch.equal(whole.seeds, chunked.seeds)
+    with pytest.raises(ValueError, match="batch_size"):
+        BackbonePolicy(env.backbone, batch_size=0)
