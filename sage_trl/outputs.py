@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,17 @@ class StatusCallback(TrainerCallback):
 
     def __init__(self) -> None:
         self.bar = None
+        # Wall clock and step of the previous status line: s/step is measured end to end (rollout,
+        # reward, training, logging, checkpoints), not summed from the per-phase timers.
+        self._last_log_time = 0.0
+        self._last_log_step = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=state.max_steps, desc="training", dynamic_ncols=True, leave=True)
+            self._last_log_time, self._last_log_step = time.perf_counter(), state.global_step
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.bar is not None:
@@ -68,7 +74,10 @@ class StatusCallback(TrainerCallback):
     ) -> None:
         if self.bar is None or not logs or "loss" not in logs:
             return
-        self.bar.write(format_status(state.global_step, state.max_steps, logs))
+        now, steps = time.perf_counter(), state.global_step - self._last_log_step
+        seconds_per_step = (now - self._last_log_time) / steps if steps > 0 else None
+        self._last_log_time, self._last_log_step = now, state.global_step
+        self.bar.write(format_status(state.global_step, state.max_steps, logs, seconds_per_step))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.bar is not None:
@@ -76,8 +85,14 @@ class StatusCallback(TrainerCallback):
             self.bar = None
 
 
-def format_status(step: int, max_steps: int, logs: dict[str, Any]) -> str:
-    """``step 3/40 | reward 0.812 (vq 0.9 mq 0.7 ta 0.8) | kl coef 1.0e-06 | ... | 2.1 s/step``."""
+def format_status(
+    step: int, max_steps: int, logs: dict[str, Any], seconds_per_step: float | None = None
+) -> str:
+    """``step 3/40 | reward 0.812 (vq 0.9 mq 0.7 ta 0.8) | kl coef 1.0e-06 | ... | 2.1 s/step``.
+
+    ``seconds_per_step`` is the wall-clock time per optimizer step since the previous line; the
+    part is left out when it is None.
+    """
     parts = [f"step {step}/{max_steps}"]
     components = [
         (k.split("/", 1)[1], v)
@@ -94,9 +109,8 @@ def format_status(step: int, max_steps: int, logs: dict[str, Any]) -> str:
         parts.append(text)
     if logs.get("reward/invalid_count"):
         parts.append(f"invalid {int(logs['reward/invalid_count'])}")
-    seconds = (logs.get("time/rollout") or 0.0) + (logs.get("step_time") or 0.0)
-    if seconds:
-        parts.append(f"{seconds:.1f} s/step")
+    if seconds_per_step is not None:
+        parts.append(f"{seconds_per_step:.1f} s/step")
     return " | ".join(parts)
 
 

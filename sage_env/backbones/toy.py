@@ -132,7 +132,11 @@ class ToyBackbone(VideoBackbone):
     ) -> None:
         super().__init__()
         self._check_modules(transformer, text_encoder)
-        if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 2:
+        if (
+            isinstance(max_sequence_length, bool)
+            or not isinstance(max_sequence_length, int)
+            or max_sequence_length < 2
+        ):
             raise ValueError(f"max_sequence_length must be an integer >= 2, got {max_sequence_length!r}.")
         self.transformer = transformer
         self.text_encoder = text_encoder.eval()
@@ -143,14 +147,19 @@ class ToyBackbone(VideoBackbone):
     @staticmethod
     def _check_modules(transformer: torch.nn.Module, text_encoder: torch.nn.Module) -> None:
         if not isinstance(transformer, WanTransformer3DModel):
-            raise ValueError(f"transformer must be a diffusers WanTransformer3DModel, got {type(transformer).__name__}.")
+            raise ValueError(
+                f"transformer must be a diffusers WanTransformer3DModel, got {type(transformer).__name__}."
+            )
         channels = (transformer.config.in_channels, transformer.config.out_channels)
         if channels != (PIXEL_CHANNELS + COORDINATE_CHANNELS, PIXEL_CHANNELS):
             raise ValueError(
                 f"The toy transformer maps 3 pixel + 3 coordinate channels to 3 pixel channels; got (in, out) = "
                 f"{channels}. Build one with sage_env.backbones.toy.build_toy_transformer()."
             )
-        if not isinstance(text_encoder, UMT5EncoderModel) or text_encoder.config.d_model != transformer.config.text_dim:
+        if (
+            not isinstance(text_encoder, UMT5EncoderModel)
+            or text_encoder.config.d_model != transformer.config.text_dim
+        ):
             raise ValueError(
                 "text_encoder must be a UMT5EncoderModel whose d_model equals the transformer's text_dim "
                 f"({transformer.config.text_dim})."
@@ -209,10 +218,14 @@ class ToyBackbone(VideoBackbone):
 
             folder = Path(snapshot_download(str(model)))
         if not (folder / _MODEL_INDEX).is_file():
-            raise ValueError(f"{folder} has no {_MODEL_INDEX}; point to a folder written by ToyBackbone.save_pretrained.")
+            raise ValueError(
+                f"{folder} has no {_MODEL_INDEX}; point to a folder written by ToyBackbone.save_pretrained."
+            )
         return folder
 
-    def save_pretrained(self, save_directory: str | Path, *, extra_metadata: dict[str, Any] | None = None) -> None:
+    def save_pretrained(
+        self, save_directory: str | Path, *, extra_metadata: dict[str, Any] | None = None
+    ) -> None:
         """Write the diffusers-like folder `from_pretrained` reads (safetensors, float32 as loaded)."""
         folder = Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
@@ -246,9 +259,13 @@ class ToyBackbone(VideoBackbone):
         _, patch_height, patch_width = self.transformer.config.patch_size
         for name, value, patch in (("height", height, patch_height), ("width", width, patch_width)):
             if value % patch != 0:
-                raise ValueError(f"The toy model needs an even {name} (patch size {patch}); got {value}, use {value + 1}.")
+                raise ValueError(
+                    f"The toy model needs an even {name} (patch size {patch}); got {value}, use {value + 1}."
+                )
             if value // patch > _ROPE_MAX_SEQ_LEN:
-                raise ValueError(f"The toy model supports {name} up to {_ROPE_MAX_SEQ_LEN * patch}; got {value}.")
+                raise ValueError(
+                    f"The toy model supports {name} up to {_ROPE_MAX_SEQ_LEN * patch}; got {value}."
+                )
         if num_frames > _ROPE_MAX_SEQ_LEN:
             raise ValueError(f"The toy model supports up to {_ROPE_MAX_SEQ_LEN} frames; got {num_frames}.")
         return (PIXEL_CHANNELS, num_frames, height, width)
@@ -258,10 +275,12 @@ class ToyBackbone(VideoBackbone):
     def _encode_uncached(self, prompts: Sequence[str], negative_prompt: str | None) -> PromptConditioning:
         """Byte-level UMT5 embeddings of the prompts and of the negative prompt (``""`` when None)."""
         with _diffusers.modules_on([self.text_encoder], self.device):
-            prompt_embeds = self._text_embeds(list(prompts))
-            negative_embeds = self._text_embeds([negative_prompt or ""])
-        negative_embeds = negative_embeds.expand(len(prompts), -1, -1)
-        return PromptConditioning(prompts, {"prompt_embeds": prompt_embeds, "negative_prompt_embeds": negative_embeds})
+            # One batch: every text is padded to max_sequence_length, so rows do not affect each other.
+            embeds = self._text_embeds([*prompts, negative_prompt or ""])
+        prompt_embeds, negative_embeds = embeds[:-1], embeds[-1:].expand(len(prompts), -1, -1)
+        return PromptConditioning(
+            prompts, {"prompt_embeds": prompt_embeds, "negative_prompt_embeds": negative_embeds}
+        )
 
     def _text_embeds(self, prompts: list[str]) -> torch.Tensor:
         tokens = self.tokenizer(
@@ -301,7 +320,9 @@ class ToyBackbone(VideoBackbone):
         sigma = _diffusers.check_velocity_inputs(
             latents, sigma, conditioning, PIXEL_CHANNELS, ("prompt_embeds", "negative_prompt_embeds")
         )
-        scale = _diffusers.check_guidance_scale(self.default_guidance_scale if guidance_scale is None else guidance_scale)
+        scale = _diffusers.check_guidance_scale(
+            self.default_guidance_scale if guidance_scale is None else guidance_scale
+        )
         model = transformer if transformer is not None else self.transformer
         dtype, device = self.dtype, self.device
         pixels = latents.to(device, dtype)
@@ -325,7 +346,9 @@ class ToyBackbone(VideoBackbone):
     def _forward(
         model: torch.nn.Module, hidden_states: torch.Tensor, timestep: torch.Tensor, embeds: torch.Tensor
     ) -> torch.Tensor:
-        return model(hidden_states=hidden_states, timestep=timestep, encoder_hidden_states=embeds, return_dict=False)[0]
+        return model(
+            hidden_states=hidden_states, timestep=timestep, encoder_hidden_states=embeds, return_dict=False
+        )[0]
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Videos ``(B, F, 3, H, W)`` float32 in [0, 1]: ``(x.clamp(-1, 1) + 1) / 2``, channels after frames."""
