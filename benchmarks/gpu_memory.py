@@ -327,12 +327,21 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def build_backbone(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> VideoBackbone:
-    """The library's backbone around a random-weight transformer of `spec`, created on ``device`` in ``dtype``."""
-    make_pipeline = _hunyuan_pipeline if spec.name == HUNYUAN_VIDEO_15.name else _wan_pipeline
+def build_backbone(
+    spec: ModelSpec, device: torch.device, dtype: torch.dtype, *, dense_attention_mask: bool = False
+) -> VideoBackbone:
+    """The library's backbone around a random-weight transformer of `spec`, created on ``device`` in ``dtype``.
+
+    ``dense_attention_mask``: HunyuanVideo 1.5 with diffusers' own attention processor (a dense ``(B, N, N)``
+    mask) instead of the backbone's default key-padding mask; ignored for Wan.
+    """
+    hunyuan = spec.name == HUNYUAN_VIDEO_15.name
+    make_pipeline = _hunyuan_pipeline if hunyuan else _wan_pipeline
     with torch.device(device), _default_dtype(dtype):
         pipeline = make_pipeline(spec, _transformer_class(spec)(**spec.config))
     pipeline.set_progress_bar_config(disable=True)
+    if hunyuan:
+        return _backbone_class(spec)(pipeline, key_padding_attention=not dense_attention_mask)
     return _backbone_class(spec)(pipeline)
 
 
@@ -403,6 +412,7 @@ class Scenario:
     micro_batch_size: int = 1
     rollout_batch: int = 1
     reference_offload: bool = False
+    dense_attention_mask: bool = False
     phases: tuple[str, ...] = ("rollout", "train")
 
 
@@ -425,6 +435,12 @@ SCENARIOS: dict[str, Scenario] = {
             "four videos per rollout forward (one group)",
             rollout_batch=4,
             phases=("rollout",),
+        ),
+        Scenario(
+            "lora-dense-mask",
+            "HunyuanVideo 1.5 with diffusers' dense (B, N, N) attention mask (key_padding_attention=False); "
+            "the same as lora for Wan",
+            dense_attention_mask=True,
         ),
         Scenario(
             "full", "full fine-tuning: fp32 master weights, bf16 autocast, anchor on the device", lora=False
@@ -491,7 +507,7 @@ def _prepare_run(spec: ModelSpec, scenario: Scenario, device: torch.device, lora
 
     # LoRA keeps a bf16 base (fp32 adapter); full fine-tuning keeps fp32 master weights and autocasts.
     dtype = torch.bfloat16 if scenario.bf16 and scenario.lora else torch.float32
-    backbone = build_backbone(spec, device, dtype)
+    backbone = build_backbone(spec, device, dtype, dense_attention_mask=scenario.dense_attention_mask)
     if scenario.lora:
         add_lora(backbone, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, init_lora_weights="gaussian"))
     else:
@@ -693,7 +709,14 @@ def run_benchmark(
 # Projection to full size from scaled-down measurements (the docs' tables until a GPU is at hand)
 # ----------------------------------------------------------------------------------------------
 
-PROJECTED_SCENARIOS = ("lora", "lora-no-ckpt", "lora-fp32", "lora-micro-batch-2", "lora-rollout-4")
+PROJECTED_SCENARIOS = (
+    "lora",
+    "lora-no-ckpt",
+    "lora-fp32",
+    "lora-micro-batch-2",
+    "lora-rollout-4",
+    "lora-dense-mask",
+)
 """Scenarios whose activation memory the projection measures; full fine-tuning adds parameter-sized terms."""
 
 PROJECTION_LORA_RANK = 4
@@ -717,29 +740,32 @@ class Projection:
         return self.resident_bytes + self.activation_bytes
 
 
-def activation_features(spec: ModelSpec, phase: str = "train") -> list[float]:
-    """What activation memory is linear in: video tokens T times (1, heads), and for a model with text masks
-    (HunyuanVideo 1.5 materialises a dense N x N attention mask over its N attended tokens) N^2. A training step
-    also keeps something per layer (checkpointed block inputs, or every activation without checkpointing): T x
-    (layers, layers x heads) and N^2 x layers. A rollout forward frees each layer's activations before the next
-    layer, so it gets no per-layer terms (fitting them from 1-2 layers would extrapolate noise to 54)."""
+def activation_features(spec: ModelSpec, phase: str = "train", dense_mask: bool = False) -> list[float]:
+    """What activation memory is linear in: video tokens T times (1, heads), and, when a model with text masks
+    runs diffusers' dense attention mask (``dense_mask``: HunyuanVideo 1.5 with ``key_padding_attention=False``
+    materialises an N x N mask over its N attended tokens), N^2. A training step also keeps something per layer
+    (checkpointed block inputs, or every activation without checkpointing): T x (layers, layers x heads) and
+    N^2 x layers. A rollout forward frees each layer's activations before the next layer, so it gets no
+    per-layer terms (fitting them from 1-2 layers would extrapolate noise to 54)."""
     if phase not in ("rollout", "train"):
         raise ValueError(f"phase must be 'rollout' or 'train', got {phase!r}.")
     tokens, layers = spec.latent_tokens, spec.num_layers
     heads = spec.config["num_attention_heads"]
     per_layer = phase == "train"
     features = [tokens, tokens * heads] + ([tokens * layers, tokens * layers * heads] if per_layer else [])
-    if spec.text_masks:
+    if spec.text_masks and dense_mask:
         features += [spec.attended_tokens**2] + ([spec.attended_tokens**2 * layers] if per_layer else [])
     return [float(feature) for feature in features]
 
 
 def fit_activation_model(
-    samples: Sequence[tuple[ModelSpec, float]], phase: str = "train"
+    samples: Sequence[tuple[ModelSpec, float]], phase: str = "train", dense_mask: bool = False
 ) -> tuple[torch.Tensor, float]:
     """Least-squares coefficients of `activation_features` for ``(spec, activation bytes)`` samples of one phase,
     and the largest residual relative to its sample (how well the linear model explains the measurements)."""
-    features = torch.tensor([activation_features(spec, phase) for spec, _ in samples], dtype=torch.float64)
+    features = torch.tensor(
+        [activation_features(spec, phase, dense_mask) for spec, _ in samples], dtype=torch.float64
+    )
     targets = torch.tensor([value for _, value in samples], dtype=torch.float64)
     if features.shape[0] < features.shape[1]:
         raise ValueError(f"Need at least {features.shape[1]} samples to fit, got {features.shape[0]}.")
@@ -773,10 +799,11 @@ def _measure_grid(
     return samples
 
 
-def _mask_padding_bytes(spec: ModelSpec, batch: int) -> float:
-    """CUDA only: the memory-efficient attention kernel copies a boolean mask converted to a bf16 bias into a
-    last dimension padded to a multiple of 16, for each of the ``batch`` videos of one attention call."""
-    if not spec.text_masks:
+def _mask_padding_bytes(spec: ModelSpec, batch: int, dense_mask: bool) -> float:
+    """CUDA only: the memory-efficient attention kernel copies a dense boolean mask converted to a bf16 bias into
+    a last dimension padded to a multiple of 16, for each of the ``batch`` videos of one attention call (a
+    key-padding mask's copy is N entries per video: negligible)."""
+    if not (spec.text_masks and dense_mask):
         return 0.0
     attended = spec.attended_tokens
     return 2.0 * batch * attended * (-(-attended // 16) * 16)
@@ -797,7 +824,7 @@ def _projected_setting(
     source = (setting, phase) if scenario.lora else ("lora", phase)
     activation, residual = activations[source]
     batch = scenario.micro_batch_size if phase == "train" else scenario.rollout_batch
-    activation += _mask_padding_bytes(spec, batch)
+    activation += _mask_padding_bytes(spec, batch, scenario.dense_attention_mask)
     if scenario.lora:
         # bf16 or fp32 base; the adapter's fp32 weights, AdamW moments and anchor: 16 bytes per parameter.
         resident = (2 if scenario.bf16 else 4) * total + 16 * lora
@@ -820,8 +847,9 @@ def project_full_size(
     (see `activation_features`); labelled projections, not measurements, in docs/training_on_gpus.md."""
     fitted: dict[tuple[str, str], tuple[float, float]] = {}
     for key, samples in _measure_grid(spec, scale, device, progress).items():
-        coefficients, residual = fit_activation_model(samples, phase=key[1])
-        full_features = torch.tensor(activation_features(spec, key[1]), dtype=torch.float64)
+        dense_mask = SCENARIOS[key[0]].dense_attention_mask
+        coefficients, residual = fit_activation_model(samples, phase=key[1], dense_mask=dense_mask)
+        full_features = torch.tensor(activation_features(spec, key[1], dense_mask), dtype=torch.float64)
         fitted[key] = (float(full_features @ coefficients), residual)
     return [
         _projected_setting(spec, scenario.name, phase, fitted, lora_rank)

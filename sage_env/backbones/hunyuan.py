@@ -44,6 +44,7 @@ from diffusers.guiders import ClassifierFreeGuidance
 from diffusers.guiders.guider_utils import rescale_noise_cfg
 
 from sage_env.backbones import _diffusers
+from sage_env.backbones._hunyuan_attention import use_key_padding_attention
 from sage_env.backbones.base import PromptConditioning, VideoBackbone
 
 __all__ = ["HunyuanVideo15Backbone"]
@@ -64,6 +65,11 @@ class HunyuanVideo15Backbone(VideoBackbone):
         pipeline: a loaded ``HunyuanVideo15Pipeline`` (any device and dtype) whose ``guider`` is a
             ``ClassifierFreeGuidance`` active on every step (``start=0``, ``stop=1``): the backbone sees one
             step at a time and cannot apply a per-step guidance window.
+        key_padding_attention: replace the joint attention's dense ``(B, N, N)`` token mask, which diffusers
+            builds in every attention call (~1.2 GB of booleans per video at 480p x 81 frames, more as the
+            SDPA bias), by a ``(B, N)`` key-padding mask. The video output is the same (padded text queries
+            are never read; see `sage_env.backbones._hunyuan_attention`). The processors of the pipeline's
+            transformer are replaced in place.
 
     Example:
         ```python
@@ -88,7 +94,7 @@ class HunyuanVideo15Backbone(VideoBackbone):
     )
     default_fps = 24.0
 
-    def __init__(self, pipeline: HunyuanVideo15Pipeline) -> None:
+    def __init__(self, pipeline: HunyuanVideo15Pipeline, *, key_padding_attention: bool = True) -> None:
         super().__init__()
         _diffusers.check_pipeline(pipeline, HunyuanVideo15Pipeline, type(self).__name__)
         self._check_guider(pipeline.guider)
@@ -100,6 +106,8 @@ class HunyuanVideo15Backbone(VideoBackbone):
             )
         self.pipeline = pipeline
         self.transformer = pipeline.transformer
+        if key_padding_attention:
+            use_key_padding_attention(self.transformer)
         _diffusers.freeze([pipeline.text_encoder, pipeline.text_encoder_2, pipeline.vae])
 
     @staticmethod
@@ -116,9 +124,11 @@ class HunyuanVideo15Backbone(VideoBackbone):
             )
 
     @classmethod
-    def from_pipeline(cls, pipeline: HunyuanVideo15Pipeline) -> HunyuanVideo15Backbone:
+    def from_pipeline(
+        cls, pipeline: HunyuanVideo15Pipeline, *, key_padding_attention: bool = True
+    ) -> HunyuanVideo15Backbone:
         """Wrap an already-loaded ``HunyuanVideo15Pipeline`` (same as ``HunyuanVideo15Backbone(pipeline)``)."""
-        return cls(pipeline)
+        return cls(pipeline, key_padding_attention=key_padding_attention)
 
     @classmethod
     def from_pretrained(
@@ -127,13 +137,16 @@ class HunyuanVideo15Backbone(VideoBackbone):
         *,
         torch_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        key_padding_attention: bool = True,
         **kwargs: Any,
     ) -> HunyuanVideo15Backbone:
         """Load ``HunyuanVideo15Pipeline.from_pretrained(model, torch_dtype=..., **kwargs)``, on ``device``.
 
         ``torch_dtype=None`` keeps diffusers' default (float32); use ``torch.bfloat16`` on GPUs.
+        ``key_padding_attention``: see the class arguments.
         """
-        return cls(_diffusers.load_pipeline(HunyuanVideo15Pipeline, model, torch_dtype, device, **kwargs))
+        pipeline = _diffusers.load_pipeline(HunyuanVideo15Pipeline, model, torch_dtype, device, **kwargs)
+        return cls(pipeline, key_padding_attention=key_padding_attention)
 
     # -- sizes -----------------------------------------------------------------------------------
 

@@ -97,10 +97,18 @@ def check_videos(videos: torch.Tensor, num_prompts: int | None = None) -> None:
         raise ValueError(
             f"Got {videos.shape[0]} videos but {num_prompts} prompts; pass one prompt per video."
         )
-    finite = videos[torch.isfinite(videos)]
-    if finite.numel() and (finite.min() < -1e-3 or finite.max() > 1 + 1e-3):
+    if videos.numel() == 0:
+        return
+    # One pass over the pixels in the common (all finite) case; the masked copy only for diverged videos.
+    low, high = torch.aminmax(videos)
+    if not (torch.isfinite(low) and torch.isfinite(high)):
+        finite = videos[torch.isfinite(videos)]
+        if finite.numel() == 0:
+            return
+        low, high = finite.min(), finite.max()
+    if low < -1e-3 or high > 1 + 1e-3:
         raise ValueError(
-            f"video values must lie in [0, 1], got [{finite.min():.3g}, {finite.max():.3g}]; "
+            f"video values must lie in [0, 1], got [{low:.3g}, {high:.3g}]; "
             "map [-1, 1] videos with (v + 1) / 2 and uint8 videos with v / 255."
         )
 

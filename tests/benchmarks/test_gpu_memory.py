@@ -91,20 +91,23 @@ def test_fit_recovers_known_coefficients() -> None:
     ]
     truth = torch.tensor([7.0, 50.0, 3.0, 20.0, 4.0, 2.0], dtype=torch.float64)
     samples = [
-        (spec, float(torch.tensor(activation_features(spec), dtype=torch.float64) @ truth)) for spec in specs
+        (spec, float(torch.tensor(activation_features(spec, dense_mask=True), dtype=torch.float64) @ truth))
+        for spec in specs
     ]
-    coefficients, residual = fit_activation_model(samples)
+    coefficients, residual = fit_activation_model(samples, dense_mask=True)
     torch.testing.assert_close(coefficients, truth, rtol=1e-6, atol=1e-6)
     assert residual < 1e-9
     with pytest.raises(ValueError, match="at least 6"):
-        fit_activation_model(samples[:3])
+        fit_activation_model(samples[:3], dense_mask=True)
 
 
 def test_rollout_features_have_no_per_layer_terms() -> None:
     shallow, deep = scaled_spec(HUNYUAN_VIDEO_15, 1 / 32, 1, 2), scaled_spec(HUNYUAN_VIDEO_15, 1 / 32, 5, 2)
     assert activation_features(shallow, "rollout") == activation_features(deep, "rollout")
     tokens, attended = shallow.latent_tokens, shallow.attended_tokens
-    assert activation_features(shallow, "rollout") == [tokens, 2 * tokens, attended**2]
+    assert activation_features(shallow, "rollout", dense_mask=True) == [tokens, 2 * tokens, attended**2]
+    # The backbone's default key-padding mask has no N^2 term.
+    assert activation_features(shallow, "rollout") == [tokens, 2 * tokens]
     assert len(activation_features(scaled_spec(WAN_21_1_3B, 1 / 32), "train")) == 4  # no attention mask
     with pytest.raises(ValueError, match="phase"):
         activation_features(shallow, "decode")
@@ -169,3 +172,15 @@ def test_command_line_writes_the_report(tmp_path) -> None:
     assert [(r.scenario, r.phase) for r in results] == [("lora", "train"), ("lora", "rollout")]
     assert "| hunyuanvideo-1.5 | lora | rollout |" in report and "Full-size parameter counts" in report
     assert math.isfinite(results[0].seconds)
+
+
+@pytest.mark.slow
+def test_key_padding_attention_saves_the_dense_mask_memory() -> None:
+    spec = scaled_spec(HUNYUAN_VIDEO_15, 1 / 64, num_layers=1)
+    scenarios = [SCENARIOS["lora"], SCENARIOS["lora-dense-mask"]]
+    results = {(r.scenario, r.phase): r for r in run_benchmark([spec], scenarios, CPU, 8)}
+    for phase in ("rollout", "train"):
+        key_padding, dense = results[("lora", phase)], results[("lora-dense-mask", phase)]
+        saved = (dense.peak_bytes - dense.resident_bytes) - (key_padding.peak_bytes - key_padding.resident_bytes)
+        # The dense mask holds at least one byte per (query, key) pair of the joint sequence.
+        assert saved >= spec.attended_tokens**2, (phase, saved, spec.attended_tokens**2)
