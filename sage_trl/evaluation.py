@@ -90,6 +90,7 @@ def evaluate_policy(
             shift=shift,
             sde=sde,
             eta=0.0,
+            array_mode="torch",
         )
         policy = BackbonePolicy(backbone, guidance_scale, negative_prompt)
         parts.append(run_episode(env, policy, options={"prompts": batch_prompts, "seeds": batch_seeds}))

@@ -30,6 +30,7 @@ from sage_env.env import BackbonePolicy, DenoisingVectorEnv, Trajectory, run_epi
 from sage_env.rewards import CompositeReward
 from sage_trl import _trl_compat, hub
 from sage_trl.config import SageGRPOConfig
+from sage_trl.distributed import release_process_group_at_exit
 from sage_trl.lora import add_lora, load_lora_state, save_lora_adapter
 
 __all__ = ["SageGRPOTrainer"]
@@ -133,6 +134,8 @@ class SageGRPOTrainer(GRPOTrainer):
         self._resolved_reward_weights: dict[str, float] | None = None
         self._kl_values: list[float] = []
         self.add_callback(_AlgorithmCallback(self))
+        if self.accelerator.num_processes > 1:
+            release_process_group_at_exit(self)
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -200,6 +203,7 @@ class SageGRPOTrainer(GRPOTrainer):
             log_prob_kind=args.log_prob_kind,
             fps=args.fps,
             device=self.accelerator.device,
+            array_mode="torch",
         )
 
     def _enable_memory_savers(self, args: SageGRPOConfig) -> None:
