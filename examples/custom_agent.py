@@ -32,8 +32,10 @@ class WinnerTakesAllAgent(agents.Agent):
 
     def act(self, observation: dict[str, Any]) -> torch.Tensor:
         conditioning = self.policy.encode_prompts(list(observation["prompt"]))
+        latents = torch.as_tensor(observation["latents"], device=self.policy.device)  # numpy by default
+        sigma = torch.as_tensor(observation["sigma"], device=self.policy.device)
         with torch.no_grad():
-            return self.policy.predict_velocity(observation["latents"], observation["sigma"], conditioning)
+            return self.policy.predict_velocity(latents, sigma, conditioning)
 
     def update(self, trajectory: sage_env.Trajectory) -> dict[str, float]:
         rewards = trajectory.rewards.total.view(-1, int((trajectory.group_index == 0).sum()))

@@ -2,9 +2,10 @@
 
 ``gymnasium.make("sage_env/Toy-v0")`` and ``gymnasium.make_vec("sage_env/Toy-v0", num_envs=8, group_size=4)``
 need no arguments: the shipped prior (``backbone="toy"``), the analytic `sage_env.rewards.toy.ToyReward`, the
-24 training prompts, 8 frames of 16 x 16 pixels, and the schedule the RL probe of DESIGN.md used (10 steps,
-shift 3, the SAGE SDE with eta 0.7 on the first 5 steps and the ODE after). Every argument of
-`sage_env.DenoisingVectorEnv` can be overridden as a keyword.
+24 training prompts, 8 frames of 16 x 16 pixels, and the schedule of the toy RL runs (10 steps, shift 3, the
+SAGE SDE with eta 0.7 on the first 5 steps and the ODE after). Every argument of
+`sage_env.DenoisingVectorEnv` can be overridden as a keyword (e.g. ``render_mode="rgb_array"``,
+``array_mode="torch"``). Being offline and fast, it is the id to try gymnasium's checker and wrappers on.
 """
 
 from __future__ import annotations

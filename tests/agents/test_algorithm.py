@@ -27,6 +27,7 @@ def rollout(backbone: LinearBackbone, config: AlgorithmConfig, seed: int = 0):
         sde=config.sde,
         eta=config.eta,
         log_prob_kind=config.log_prob_kind,
+        array_mode="torch",  # the backbone is called on the observations directly
         **SIZE,
     )
     observation, _ = env.reset(seed=seed)

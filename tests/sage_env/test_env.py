@@ -1,19 +1,22 @@
-"""DenoisingEnv / DenoisingVectorEnv: gymnasium contract, seeding, recording and errors (analytic backbone)."""
+"""DenoisingEnv / DenoisingVectorEnv: array modes, spaces, seeding, recording, rendering and errors (analytic backbone).
+
+gymnasium's own checker and wrappers are run on the environments in tests/clients/test_gymnasium.py.
+"""
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from gymnasium.utils.env_checker import check_env, data_equivalence
+from gymnasium.spaces.utils import flatten, flatten_space, unflatten
 
 import sage_env
 from sage_env import sde
-from sage_env.env import BackbonePolicy, DenoisingEnv, DenoisingVectorEnv, run_episode
+from sage_env.env import BackbonePolicy, DenoisingEnv, DenoisingVectorEnv, PromptSpace, run_episode
+from sage_env.env.spaces import MAX_PROMPT_LENGTH, VELOCITY_BOUND
 from tests.doubles import LinearBackbone, mean_brightness
 
 PROMPTS = ["a red ball moving left", "a blue cube moving up", "a green ball moving down"]
@@ -47,46 +50,97 @@ def rollout(env: DenoisingVectorEnv, seed: int | None = 0, options: dict | None 
 # ------------------------------------------------------------------------------------------
 
 
-def test_check_env_passes_in_numpy_mode() -> None:
-    env = DenoisingEnv(LinearBackbone(), mean_brightness, PROMPTS, num_steps=3, array_mode="numpy", **SIZE)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Box(-inf, inf) latents are intended
-        check_env(env, skip_render_check=True)
+def test_numpy_mode_is_the_default_and_returns_declared_types() -> None:
+    env = make_vector_env()
+    observation, info = env.reset(seed=0)
+    assert env.array_mode == "numpy" and observation in env.observation_space
+    assert isinstance(observation["latents"], np.ndarray) and observation["latents"].dtype == np.float32
+    assert observation["sigma"].dtype == np.float32 and observation["step"].dtype == np.int64
+    assert isinstance(info["seeds"], np.ndarray)
+    observation, reward, terminated, truncated, info = env.step(np.zeros(env.action_space.shape, np.float32))
+    assert observation in env.observation_space
+    assert reward.dtype == np.float32 and terminated.dtype == np.bool_ and truncated.dtype == np.bool_
+    for value in (reward, terminated, truncated, info["log_prob"], info["std"]):
+        assert isinstance(value, np.ndarray) and value.shape == (env.num_envs,)
 
 
-def check_vector_env(env: DenoisingVectorEnv, seed: int = 3) -> None:
-    """The checks of gymnasium's check_env, applied to a vector env (gymnasium 1.4 has no vector checker)."""
-    observation, _ = env.reset(seed=seed)
-    assert env.observation_space.contains(observation)
-    again, _ = env.reset(seed=seed)
-    assert data_equivalence(observation, again, exact=True)
-    env.action_space.seed(seed)
-    action = env.action_space.sample()
-    assert env.action_space.contains(action)
-    env.reset(seed=seed)
-    first = env.step(action)
-    first_copy = [np.copy(x) if isinstance(x, np.ndarray) else x for x in first[:4]]
-    env.reset(seed=seed)
-    second = env.step(action)
-    assert data_equivalence(first_copy[0], second[0], exact=True)
-    assert data_equivalence(first[4], second[4], exact=True)
-    assert not np.shares_memory(first[0]["latents"], second[0]["latents"])
-    third = env.step(action)
-    assert not np.shares_memory(second[0]["latents"], third[0]["latents"])
-    assert env.observation_space.contains(third[0])
-    for value in (third[1], third[2], third[3], third[4]["log_prob"]):
-        assert value.shape == (env.num_envs,)
-    assert third[1].dtype == np.float32 and third[2].dtype == np.bool_
+def test_torch_mode_returns_tensors_and_the_same_rollout() -> None:
+    numpy_env, torch_env = make_vector_env(), make_vector_env(array_mode="torch")
+    observation, info = torch_env.reset(seed=0)
+    assert isinstance(observation["latents"], torch.Tensor) and isinstance(info["seeds"], torch.Tensor)
+    _, reward, _, _, info = rollout(torch_env, seed=4)
+    assert isinstance(reward, torch.Tensor) and isinstance(info["reward_valid"], torch.Tensor)
+    _, numpy_reward, _, _, _ = rollout(numpy_env, seed=4)
+    np.testing.assert_array_equal(numpy_reward, reward.numpy())
+    assert torch.equal(numpy_env.trajectory.latents, torch_env.trajectory.latents)
 
 
-def test_vector_env_follows_the_gymnasium_contract() -> None:
-    check_vector_env(make_vector_env(array_mode="numpy"))
+def test_successive_numpy_observations_do_not_share_memory() -> None:
+    env = make_vector_env()
+    zeros = np.zeros(env.action_space.shape, np.float32)
+    first, _ = env.reset(seed=0)
+    second, *_, info = env.step(zeros)
+    third, *_, next_info = env.step(zeros)
+    for earlier, later in ((first, second), (second, third)):
+        assert not np.shares_memory(earlier["latents"], later["latents"])
+    assert not np.shares_memory(info["mean"], next_info["mean"])
+    third["latents"][:] = 0.0  # a user scribbling on an observation changes neither the env nor the record
+    for _ in range(2):
+        env.step(zeros)
+    assert env.trajectory.latents[:, 2].abs().sum() > 0
+
+
+def test_spaces_are_fixed_at_construction_and_bounded() -> None:
+    env = make_vector_env()
+    spaces_before = (env.single_observation_space, env.observation_space)
+    observation, _ = env.reset(options={"prompts": ["un chat très rapide", "猫が走る"]})
+    assert (env.single_observation_space, env.observation_space) == spaces_before
+    assert observation in env.observation_space
+    action_space = env.single_action_space
+    assert action_space.high.max() == VELOCITY_BOUND and action_space.low.min() == -VELOCITY_BOUND
+    assert np.isfinite(env.single_observation_space["latents"].high).all()
+
+
+def test_sampled_actions_keep_a_whole_episode_in_the_observation_space() -> None:
+    for sde_type in sde.SDE_TYPES:
+        env = make_vector_env(sde=sde_type, eta=0.5)
+        env.action_space.seed(0)
+        env.reset(seed=0)
+        for _ in range(env.num_steps):
+            observation, *_ = env.step(env.action_space.sample())
+            assert observation in env.observation_space, sde_type
+
+
+# ------------------------------------------------------------------------------------------
+# The prompt space
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "prompt", ["a red ball", "une boule à gauche", "赤いボール 🎈", "x" * MAX_PROMPT_LENGTH]
+)
+def test_prompt_space_contains_any_prompt_and_flattens_to_code_points(prompt: str) -> None:
+    space = PromptSpace()
+    assert space.contains(prompt)
+    flat = flatten(space, prompt)
+    assert flat in flatten_space(space) and flat[: len(prompt)].tolist() == [ord(c) for c in prompt]
+    assert unflatten(space, flat) == prompt
+    assert unflatten(space, flat.astype(np.float64)) == prompt  # as inside a flattened Dict
+
+
+def test_prompt_space_rejects_non_prompts_and_samples_prompts() -> None:
+    space = PromptSpace()
+    for bad in ("", "a\x00b", "x" * (MAX_PROMPT_LENGTH + 1), 3, b"bytes"):
+        assert not space.contains(bad)
+    space.seed(0)
+    assert all(space.contains(space.sample()) for _ in range(5))
+    assert space == PromptSpace() and space != PromptSpace(max_length=10) and "PromptSpace" in repr(space)
 
 
 def test_observation_layout_and_groups() -> None:
     env = make_vector_env(num_envs=6, group_size=3)
     observation, info = env.reset(seed=1)
-    assert observation["latents"].shape == (6, 3, 2, 4, 4) and observation["latents"].dtype == torch.float32
+    assert observation["latents"].shape == (6, 3, 2, 4, 4) and observation["latents"].dtype == np.float32
     assert observation["sigma"].tolist() == [1.0] * 6 and observation["step"].tolist() == [0] * 6
     prompts = observation["prompt"]
     assert prompts[0] == prompts[1] == prompts[2] and prompts[3] == prompts[4] == prompts[5]
@@ -160,13 +214,15 @@ def test_every_sde_type_runs_end_to_end(sde_type: str) -> None:
     env = make_vector_env(sde=sde_type, eta=0.5)
     _, reward, terminated, truncated, _ = rollout(env)
     assert terminated.all() and not truncated.any()
-    assert torch.isfinite(reward).all() and reward.shape == (4,)
+    assert np.isfinite(reward).all() and reward.shape == (4,)
     trajectory = env.trajectory
     assert torch.isfinite(trajectory.log_probs).all()
     expect_stochastic = sde_type != "ode"
     assert bool(trajectory.trainable[:, 0].all()) == expect_stochastic
     assert trajectory.videos.shape == (4, 2, 3, 4, 4)
-    torch.testing.assert_close(reward, mean_brightness(trajectory.videos, trajectory.prompts))
+    torch.testing.assert_close(
+        torch.from_numpy(reward), mean_brightness(trajectory.videos, trajectory.prompts)
+    )
 
 
 def test_sde_window_makes_outer_steps_deterministic() -> None:
@@ -183,7 +239,7 @@ def test_intermediate_rewards_are_zero_and_final_info_has_components() -> None:
     env.reset(seed=0)
     action = torch.zeros(4, 3, 2, 4, 4)
     _, reward, terminated, _, info = env.step(action)
-    assert reward.eq(0).all() and not terminated.any() and "reward_components" not in info
+    assert (reward == 0).all() and not terminated.any() and "reward_components" not in info
     for _ in range(3):
         _, reward, terminated, _, info = env.step(action)
     assert terminated.all()
@@ -199,7 +255,7 @@ def test_failed_reward_is_nan_and_reported_not_zero() -> None:
 
     env = make_vector_env(reward_fn=fragile)
     _, reward, _, _, info = rollout(env, seed=None, options={"prompts": ["a cat", "a dog"]})
-    assert torch.isfinite(reward[:2]).all() and torch.isnan(reward[2:]).all()
+    assert np.isfinite(reward[:2]).all() and np.isnan(reward[2:]).all()
     assert info["reward_valid"].tolist() == [True, True, False, False]
     assert "reward model crashed on a dog" in info["reward_errors"][2]
     assert env.trajectory.rewards.num_invalid == 2
@@ -225,11 +281,32 @@ def test_single_env_reset_options_and_unbatched_outputs() -> None:
     assert env.trajectory.seeds.tolist() == [4]
 
 
-def test_render_returns_uint8_frames() -> None:
+def test_render_is_one_rgb_image_per_env_and_render_video_the_whole_videos() -> None:
     env = make_vector_env(render_mode="rgb_array")
+    with pytest.raises(RuntimeError, match="reset"):
+        env.render()
     env.reset(seed=0)
-    frames = env.render()
-    assert len(frames) == 4 and frames[0].shape == (2, 4, 4, 3) and frames[0].dtype == np.uint8
+    frames, videos = env.render(), env.render_video()
+    assert len(frames) == 4 and all(f.shape == (4, 4, 3) and f.dtype == np.uint8 for f in frames)
+    assert videos.shape == (4, 2, 4, 4, 3) and videos.dtype == np.uint8
+    for frame, video in zip(frames, videos):
+        np.testing.assert_array_equal(frame, video[0])
+    rollout(env)
+    final = (env.trajectory.videos.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 1, 3, 4, 2)
+    np.testing.assert_array_equal(env.render_video(), final.numpy())
+    plain = make_vector_env()  # no render mode: render gives None, render_video still works
+    plain.reset(seed=0)
+    assert plain.render() is None and plain.render_video().shape == (4, 2, 4, 4, 3)
+
+
+def test_single_env_render_contract() -> None:
+    env = DenoisingEnv(
+        LinearBackbone(), mean_brightness, PROMPTS, num_steps=2, render_mode="rgb_array", **SIZE
+    )
+    env.reset(seed=0)
+    frame, video = env.render(), env.render_video()
+    assert frame.shape == (4, 4, 3) and video.shape == (2, 4, 4, 3)
+    np.testing.assert_array_equal(frame, video[0])
 
 
 # ------------------------------------------------------------------------------------------
@@ -248,6 +325,8 @@ def test_bad_actions_raise_clear_errors() -> None:
         env.step(torch.zeros(4, 3, 2, 4, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="NaN or inf"):
         env.step(torch.full((4, 3, 2, 4, 4), float("nan")))
+    with pytest.raises(ValueError, match="beyond the action space bound"):
+        env.step(torch.full((4, 3, 2, 4, 4), 2 * VELOCITY_BOUND))
     with pytest.raises(ValueError, match=r"torch\.Tensor or numpy"):
         env.step([0.0] * 4)
     for _ in range(4):

@@ -1,16 +1,16 @@
-"""The environments over the tiny diffusers pipelines: pipeline parity, every SDE type, check_env, log-probs."""
+"""The environments over the tiny diffusers pipelines: pipeline parity, every SDE type, log-probs, registered ids.
+
+``check_env`` and gymnasium's wrappers on the registered ids run in tests/clients/test_gymnasium.py.
+"""
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 import pytest
 import torch
-from gymnasium.utils.env_checker import check_env
 
 from sage_env import sde
-from sage_env.env import DenoisingEnv, DenoisingVectorEnv
+from sage_env.env import BackbonePolicy, DenoisingEnv, DenoisingVectorEnv, run_episode
 from tests.doubles import mean_brightness
 from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE
 
@@ -30,19 +30,11 @@ def hunyuan_sigmas(backbone) -> torch.Tensor:
 
 def drive(env: DenoisingVectorEnv, prompts, seeds, guidance_scale, negative_prompt=None):
     """Roll out with the env's backbone as the policy (the agent's job), return the trajectory."""
-    observation, _ = env.reset(options={"prompts": prompts, "seeds": seeds})
-    conditioning = env.backbone.encode_prompts(list(observation["prompt"]), negative_prompt)
-    while True:
-        with torch.no_grad():
-            velocity = env.backbone.predict_velocity(
-                observation["latents"], observation["sigma"], conditioning, guidance_scale
-            )
-        observation, _, terminated, _, _ = env.step(velocity)
-        if terminated.all():
-            return env.trajectory
+    policy = BackbonePolicy(env.backbone, guidance_scale, negative_prompt)
+    return run_episode(env, policy, options={"prompts": prompts, "seeds": seeds})
 
 
-def make_env(backbone, sigmas, num_envs, sde_type="ode", eta=0.0):
+def make_env(backbone, sigmas, num_envs, sde_type="ode", eta=0.0, array_mode="numpy"):
     return DenoisingVectorEnv(
         backbone,
         mean_brightness,
@@ -51,12 +43,14 @@ def make_env(backbone, sigmas, num_envs, sde_type="ode", eta=0.0):
         sigmas=sigmas,
         sde=sde_type,
         eta=eta,
+        array_mode=array_mode,
         **TINY_VIDEO_SIZE,
     )
 
 
-def test_env_rollout_reproduces_the_wan_pipeline(tiny_wan_backbone) -> None:
-    env = make_env(tiny_wan_backbone, wan_sigmas(tiny_wan_backbone), 2)
+@pytest.mark.parametrize("array_mode", ["numpy", "torch"])
+def test_env_rollout_reproduces_the_wan_pipeline(tiny_wan_backbone, array_mode: str) -> None:
+    env = make_env(tiny_wan_backbone, wan_sigmas(tiny_wan_backbone), 2, array_mode=array_mode)
     trajectory = drive(env, PROMPTS, [11, 12], 5.0, "blurry")
     arguments = {
         "prompt": PROMPTS,
@@ -124,18 +118,6 @@ def test_recorded_log_probs_recompute_through_the_wan_backbone(tiny_wan_backbone
         torch.testing.assert_close(out.log_prob, trajectory.log_probs[:, step], rtol=0, atol=1e-5)
 
 
-def test_check_env_on_tiny_wan(tiny_wan_backbone) -> None:
-    env = DenoisingEnv(
-        tiny_wan_backbone, mean_brightness, PROMPTS, num_steps=3, array_mode="numpy", **TINY_VIDEO_SIZE
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        check_env(env, skip_render_check=True)
-    observation, _ = env.reset(seed=0)
-    assert isinstance(observation["latents"], np.ndarray)
-    assert observation["latents"].shape == tiny_wan_backbone.latent_shape(**TINY_VIDEO_SIZE)
-
-
 def test_make_vec_through_the_registered_wan_id(tiny_wan_path) -> None:
     import gymnasium as gym
 
@@ -151,7 +133,9 @@ def test_make_vec_through_the_registered_wan_id(tiny_wan_path) -> None:
     )
     assert isinstance(envs, DenoisingVectorEnv) and envs.num_envs == 4
     observation, _ = envs.reset(seed=0)
-    assert observation["latents"].shape[0] == 4
+    latent_shape = envs.backbone.latent_shape(**TINY_VIDEO_SIZE)
+    assert isinstance(observation["latents"], np.ndarray)
+    assert observation["latents"].shape == (4, *latent_shape)
     env = gym.make(
         "sage_env/Wan-v0",
         backbone=str(tiny_wan_path),

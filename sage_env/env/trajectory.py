@@ -1,0 +1,136 @@
+"""The record of a batch of rollouts: `Trajectory` (what a learner consumes) and `TrajectoryRecorder`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from sage_env import sde
+from sage_env.rewards import RewardOutput
+
+__all__ = ["Trajectory", "TrajectoryRecorder"]
+
+
+@dataclass
+class Trajectory:
+    """Everything a learner needs to recompute log-probabilities of a batch of rollouts.
+
+    Tensors are batch-first (``N`` samples, ``T`` steps) and live on the environment's device.
+
+    Args:
+        prompts: the prompt of each sample.
+        group_index: ``(N,)`` index of each sample's group (samples of a group share the prompt).
+        seeds: ``(N,)`` per-sample seeds: initial noise and every step's noise come from them.
+        sigmas: ``(N, T + 1)`` noise levels, from 1 down to 0.
+        latents: ``(N, T + 1, *latent_shape)`` float32 latents before each step and the final ones.
+        log_probs: ``(N, T)`` rollout-phase log-probability of each transition (0 where deterministic).
+        stds: ``(N, T)`` noise std of each transition.
+        trainable: ``(N, T)`` bool, True where the step was stochastic (std > 0): only these have a policy
+            gradient.
+        sde_types: the SDE type applied at each of the ``T`` steps (``"ode"`` outside the SDE window).
+        eta: exploration scale of the stochastic steps.
+        log_prob_kind: how log-probabilities were computed (see `sage_env.sde.gaussian_log_prob`).
+        rewards: the `RewardOutput` of the final videos (None until the episode ends).
+        videos: the decoded final videos ``(N, F, 3, H, W)`` in [0, 1] (None until the episode ends).
+    """
+
+    prompts: tuple[str, ...]
+    group_index: torch.Tensor
+    seeds: torch.Tensor
+    sigmas: torch.Tensor
+    latents: torch.Tensor
+    log_probs: torch.Tensor
+    stds: torch.Tensor
+    trainable: torch.Tensor
+    sde_types: tuple[str, ...]
+    eta: float
+    log_prob_kind: str = "gaussian"
+    rewards: RewardOutput | None = None
+    videos: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def num_steps(self) -> int:
+        """Number of denoising steps ``T``."""
+        return self.log_probs.shape[1]
+
+    def select(self, index: torch.Tensor | Sequence[int]) -> Trajectory:
+        """The samples ``index`` (in that order) as a new trajectory."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        values = {}
+        for field_ in fields(self):
+            value = getattr(self, field_.name)
+            if isinstance(value, torch.Tensor):
+                value = value[index.to(value.device)]
+            elif field_.name == "prompts":
+                value = tuple(value[i] for i in index.tolist())
+            elif isinstance(value, RewardOutput):
+                value = _select_rewards(value, index)
+            values[field_.name] = value
+        return replace(self, **values)
+
+
+def _select_rewards(rewards: RewardOutput, index: torch.Tensor) -> RewardOutput:
+    return RewardOutput(
+        total=rewards.total[index],
+        components={name: scores[index] for name, scores in rewards.components.items()},
+        valid=rewards.valid[index],
+        errors=[rewards.errors[i] for i in index.tolist()],
+        weights=dict(rewards.weights),
+    )
+
+
+class TrajectoryRecorder:
+    """Collects the per-step tensors of one batch of rollouts and assembles the `Trajectory` at the end.
+
+    Args:
+        prompts: the prompt of each sample.
+        group_size: samples per group (a group is a consecutive block of samples sharing the prompt).
+        seeds: ``(N,)`` per-sample seeds.
+        sigmas: ``(N, T + 1)`` per-sample noise levels.
+        initial_latents: ``(N, *latent_shape)`` the starting noise.
+        sde_types, eta, log_prob_kind: the SDE settings of the ``T`` steps.
+    """
+
+    def __init__(
+        self,
+        prompts: tuple[str, ...],
+        group_size: int,
+        seeds: torch.Tensor,
+        sigmas: torch.Tensor,
+        initial_latents: torch.Tensor,
+        sde_types: tuple[str, ...],
+        eta: float,
+        log_prob_kind: str,
+    ) -> None:
+        self._static = {
+            "prompts": prompts,
+            "group_index": torch.arange(len(prompts) // group_size).repeat_interleave(group_size),
+            "seeds": seeds.clone(),
+            "sigmas": sigmas.clone(),
+            "sde_types": sde_types,
+            "eta": eta,
+            "log_prob_kind": log_prob_kind,
+        }
+        self._steps: dict[str, list[torch.Tensor]] = {
+            "latents": [initial_latents],
+            "log_probs": [],
+            "stds": [],
+            "trainable": [],
+        }
+
+    def record(self, out: sde.SDEStepOutput) -> None:
+        """Append one step's transition."""
+        self._steps["latents"].append(out.x_next)
+        self._steps["log_probs"].append(out.log_prob)
+        self._steps["stds"].append(out.std)
+        self._steps["trainable"].append(out.trainable)
+
+    def finish(self, rewards: RewardOutput, videos: torch.Tensor) -> Trajectory:
+        """The recorded `Trajectory`, with the rewards and decoded videos of the final latents."""
+        stacked = {name: torch.stack(values, dim=1) for name, values in self._steps.items()}
+        return Trajectory(**self._static, **stacked, rewards=rewards, videos=videos)
