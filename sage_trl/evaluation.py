@@ -58,8 +58,8 @@ def evaluate_policy(
     num_frames: int,
     height: int,
     width: int,
-    num_steps: int,
-    shift: float,
+    num_steps: int | None = None,
+    shift: float | None = None,
     guidance_scale: float = 1.0,
     negative_prompt: str | None = None,
     batch_size: int = 16,
@@ -68,7 +68,8 @@ def evaluate_policy(
     """Sample one video per (prompt, seed) with the deterministic sampler (``sde="ode"``) and score it.
 
     The same prompts and seeds give the same starting noise, so results before and after training are
-    directly comparable.
+    directly comparable. ``num_steps``/``shift`` None: the backbone's own schedule, as in rollouts
+    (`sage_env.DenoisingVectorEnv`).
     """
     if len(prompts) != len(seeds):
         raise ValueError(f"Need one seed per prompt, got {len(prompts)} prompts and {len(seeds)} seeds.")

@@ -10,19 +10,21 @@ pipeline class            backbone                                         model
 ``toy``                   `sage_env.backbones.toy.ToyBackbone`              the built-in toy world
 ========================  ===============================================  ==========================
 
-Backbone modules are imported on first use, so importing sage_env stays cheap.
+Backbone modules are imported on first use, so importing sage_env stays cheap. Each backbone's sampling
+defaults (size, steps, schedule shift, guidance, fps) are declared under the same key in
+`sage_env.models.SAMPLING_DEFAULTS`; backbones over a diffusers pipeline derive from
+`sage_env.backbones.pipeline.PipelineBackbone` (the pipeline's own schedule).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from sage_env.backbones.base import PromptConditioning, VideoBackbone
+from sage_env.models import check_local_reference, pipeline_class_of
 
 __all__ = ["BACKBONES", "PromptConditioning", "VideoBackbone", "load_backbone", "register_backbone"]
 
@@ -55,20 +57,6 @@ def _backbone_class(name: str) -> type[VideoBackbone]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def _pipeline_class_name(model: str) -> str:
-    """Read ``_class_name`` from a local folder's or a Hub repository's ``model_index.json``."""
-    local = Path(model)
-    if local.is_dir():
-        index = local / "model_index.json"
-        if not index.is_file():
-            raise ValueError(f"{model} has no model_index.json; point to a diffusers pipeline folder.")
-    else:
-        from huggingface_hub import hf_hub_download
-
-        index = Path(hf_hub_download(model, "model_index.json"))
-    return json.loads(index.read_text())["_class_name"]
-
-
 def load_backbone(
     model: str | VideoBackbone,
     *,
@@ -80,7 +68,8 @@ def load_backbone(
     """Load a backbone from a local diffusers folder, a Hub id, or ``"toy"`` (the built-in toy world).
 
     Args:
-        model: a path, a Hub id, ``"toy"``, or an already-built `VideoBackbone` (returned as is).
+        model: a path, a Hub id, ``"toy"``, or an already-built `VideoBackbone` (returned as is). A local path
+            that does not exist is a ``ValueError`` saying so.
         backbone: force a backbone by pipeline class name instead of reading ``model_index.json``.
         torch_dtype: parameter dtype (e.g. ``torch.bfloat16`` on GPU); the backbone's default when None.
         device: where to put the model; CPU when None.
@@ -88,5 +77,7 @@ def load_backbone(
     """
     if isinstance(model, VideoBackbone):
         return model
-    name = backbone or ("toy" if model == "toy" else _pipeline_class_name(model))
+    if model != "toy":
+        check_local_reference(model, "model")
+    name = backbone or pipeline_class_of(model, download=True)
     return _backbone_class(name).from_pretrained(model, torch_dtype=torch_dtype, device=device, **kwargs)

@@ -9,7 +9,11 @@ environment and a learner need:
 * `VideoBackbone.decode`: latents -> videos ``(B, F, 3, H, W)`` float32 in [0, 1];
 * `VideoBackbone.latent_shape`: the per-sample latent shape for (frames, height, width);
 * `VideoBackbone.transformer`: the trainable ``torch.nn.Module`` (LoRA goes here);
-* `VideoBackbone.default_lora_target_modules`: module names LoRA targets by default.
+* `VideoBackbone.default_lora_target_modules`: module names LoRA targets by default;
+* `VideoBackbone.sigmas`: the noise levels a rollout of N steps visits (the model's own schedule).
+
+Defaults (video size, steps, shift, guidance, fps) come from `sage_env.models.SAMPLING_DEFAULTS` under the
+backbone's `VideoBackbone.pipeline_class`.
 
 Velocities follow the diffusers flow-matching convention ``v = noise - x0`` (the Euler step is
 ``x + (sigma' - sigma) * v``), which is what `sage_env.sde` expects.
@@ -19,11 +23,19 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+
+from sage_env import sde
+from sage_env.models import (
+    GENERIC_SAMPLING_DEFAULTS,
+    SAMPLING_DEFAULTS,
+    SamplingDefaults,
+    check_local_reference,
+)
 
 __all__ = ["PromptConditioning", "VideoBackbone"]
 
@@ -78,7 +90,7 @@ class PromptConditioning:
 class VideoBackbone(ABC):
     """A flow-matching text-to-video model as sage_env sees it.
 
-    Subclasses set `transformer` (the trainable module), `default_lora_target_modules` and `default_fps`,
+    Subclasses set `transformer` (the trainable module), `default_lora_target_modules` and `pipeline_class`,
     and implement the abstract methods. Prompt encodings are cached per prompt string by
     `encode_prompts` (implemented here on top of `_encode_uncached`), so a training loop encodes every
     prompt once.
@@ -86,9 +98,8 @@ class VideoBackbone(ABC):
 
     transformer: torch.nn.Module
     default_lora_target_modules: tuple[str, ...] = ()
-    default_fps: float = 16.0
-    default_guidance_scale: float = 1.0
-    """The CFG scale ``pipe(...)`` uses by default; ``predict_velocity(..., guidance_scale=None)`` applies it."""
+    pipeline_class: ClassVar[str | None] = None
+    """Key of this backbone in `sage_env.backbones.BACKBONES` and `sage_env.models.SAMPLING_DEFAULTS`."""
 
     def __init__(self) -> None:
         self._prompt_cache: dict[tuple[str, str | None], PromptConditioning] = {}
@@ -104,6 +115,35 @@ class VideoBackbone(ABC):
         **kwargs: Any,
     ) -> VideoBackbone:
         """Load from a local diffusers folder or a Hub id (``torch_dtype``/``device`` as in diffusers)."""
+
+    # -- defaults and schedule ---------------------------------------------------------------------
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults:
+        """This model's `sage_env.models.SamplingDefaults` (the generic ones for a backbone not declared there)."""
+        return SAMPLING_DEFAULTS.get(self.pipeline_class or "", GENERIC_SAMPLING_DEFAULTS)
+
+    @property
+    def default_fps(self) -> float:
+        """Frame rate of the model's videos (`sampling_defaults`)."""
+        return self.sampling_defaults.fps
+
+    @property
+    def default_guidance_scale(self) -> float:
+        """The CFG scale ``predict_velocity(..., guidance_scale=None)`` applies: the declared one (1 if none)."""
+        declared = self.sampling_defaults.guidance_scale
+        return 1.0 if declared is None else declared
+
+    def sigmas(self, num_steps: int, shift: float | None = None) -> torch.Tensor:
+        """Noise levels ``1 = sigma_0 > ... > sigma_N = 0`` of an ``N``-step rollout: float32 ``(N + 1,)``.
+
+        Here `sage_env.sde.flow_match_sigmas` ``(num_steps, shift)``, ``shift=None`` meaning the declared shift
+        of `sampling_defaults`; backbones over a diffusers pipeline return the pipeline's own schedule instead.
+        """
+        shift = self.sampling_defaults.shift if shift is None else shift
+        if shift is None:
+            raise ValueError(f"{type(self).__name__} declares no schedule shift; pass shift=... (e.g. 5.0).")
+        return sde.flow_match_sigmas(num_steps, shift)
 
     # -- prompts ---------------------------------------------------------------------------------
 
@@ -187,9 +227,57 @@ class VideoBackbone(ABC):
         )
 
     def load_lora_weights(self, path: str | os.PathLike, adapter_name: str = "default") -> None:
-        """Load a diffusers-format LoRA file or folder into `transformer` as a new adapter ``adapter_name``."""
-        self.transformer.load_lora_adapter(
-            str(path), prefix="transformer", adapter_name=adapter_name, use_safetensors=True
+        """Load a diffusers-format LoRA file or folder into `transformer` as a new adapter ``adapter_name``
+        (``transformer.load_lora_adapter(path, prefix="transformer", use_safetensors=True)``).
+
+        Raises ``ValueError`` naming the adapter when ``path`` is a local path that does not exist, when diffusers
+        refuses the file, or when it matches no module of `transformer` (where diffusers only warns).
+        """
+        self._load_adapter(
+            path,
+            adapter_name,
+            lambda: self.transformer.load_lora_adapter(
+                str(path), prefix="transformer", adapter_name=adapter_name, use_safetensors=True
+            ),
+        )
+
+    def _load_adapter(self, path: str | os.PathLike, adapter_name: str, load: Callable[[], None]) -> None:
+        """Run ``load`` (the diffusers loader call) with the checks diffusers does not make.
+
+        Raises ``ValueError`` naming the adapter when ``path`` is a local path that does not exist, when loading
+        fails, or when the adapter matches no module of `transformer` (e.g. keys without the ``transformer.``
+        prefix: diffusers only warns and loads nothing).
+        """
+        check_local_reference(path, "adapter")
+        try:
+            load()
+        except ValueError as error:
+            raise ValueError(f"adapter: {path} does not load into this model: {error}") from error
+        self._check_adapter_matches(path, adapter_name)
+
+    def _check_adapter_matches(self, path: str | os.PathLike, adapter_name: str) -> None:
+        """Raise (and remove an empty adapter) unless some module named in the file now carries the adapter."""
+        from diffusers.loaders import WanLoraLoaderMixin
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        # The Wan mixin's reader is generic (and converts community Wan formats to the diffusers keys).
+        keys = list(WanLoraLoaderMixin.lora_state_dict(str(path)))
+        targets = sorted({key.removeprefix("transformer.").split(".lora_")[0] for key in keys})
+        modules = dict(self.transformer.named_modules())
+        if any(
+            isinstance(modules.get(name), BaseTunerLayer) and adapter_name in modules[name].lora_A
+            for name in targets
+        ):
+            return
+        if adapter_name in (getattr(self.transformer, "peft_config", None) or {}):
+            self.transformer.delete_adapters(adapter_name)
+        reason = (
+            f"it names modules such as {targets[:2]} that this {type(self.transformer).__name__} does not have"
+            if any(key.startswith("transformer.") for key in keys)
+            else "none of its keys starts with 'transformer.' (the diffusers LoRA format sage-train writes)"
+        )
+        raise ValueError(
+            f"adapter: {path} matches no module of the model: {reason}. Pass an adapter saved for this model."
         )
 
     # -- decoding memory -------------------------------------------------------------------------

@@ -16,11 +16,10 @@ over `HunyuanVideo15Backbone.predict_velocity` reproduces ``pipe(..., output_typ
   for exactly that default, or a number to choose the scale. Returned as float32.
 * decoding: ``latents / vae.config.scaling_factor``, VAE decode, the pipeline's post-processing.
 
-Schedule: the pipeline calls ``scheduler.set_timesteps(sigmas=linspace(1, 0, N + 1)[:-1])``, i.e. exactly
-``sage_env.sde.flow_match_sigmas(N, shift=scheduler.config.shift)`` up to float32 rounding (no
-``sigma_min``; the last sigma before 0 is ``shift(1/N)``). Note that a bare ``scheduler.set_timesteps(N)``
-gives another schedule (see `sage_env.backbones.wan`); to copy a pipeline run exactly, read
-``sigmas_from_scheduler(pipe.scheduler)`` after ``pipe(...)`` or call ``set_timesteps`` with those sigmas.
+Schedule: `HunyuanVideo15Backbone.sigmas` is what the pipeline sets with
+``set_timesteps(sigmas=linspace(1, 0, N + 1)[:-1])``: ``sage_env.sde.flow_match_sigmas(N, scheduler.config.shift)``
+up to float32 rounding (no ``sigma_min``; the last sigma before 0 is ``shift(1/N)``). A bare
+``scheduler.set_timesteps(N)`` would give another schedule (see `sage_env.backbones.wan`).
 
 Precision: the pipeline keeps latents in the transformer's dtype (bf16 for the released weights) and feeds
 a bf16 timestep; the env keeps latents in float32, so bf16 rollouts agree with ``pipe(...)`` only to bf16
@@ -38,14 +37,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from diffusers import HunyuanVideo15Pipeline
 from diffusers.guiders import ClassifierFreeGuidance
 from diffusers.guiders.guider_utils import rescale_noise_cfg
+from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import retrieve_timesteps
 
 from sage_env.backbones import _diffusers
 from sage_env.backbones._hunyuan_attention import use_key_padding_attention
-from sage_env.backbones.base import PromptConditioning, VideoBackbone
+from sage_env.backbones.base import PromptConditioning
+from sage_env.backbones.pipeline import PipelineBackbone
 
 __all__ = ["HunyuanVideo15Backbone"]
 
@@ -58,7 +60,7 @@ _TRANSFORMER_ARGUMENTS = (
 )
 
 
-class HunyuanVideo15Backbone(VideoBackbone):
+class HunyuanVideo15Backbone(PipelineBackbone):
     """A diffusers ``HunyuanVideo15Pipeline`` behind the `VideoBackbone` protocol.
 
     Args:
@@ -92,7 +94,7 @@ class HunyuanVideo15Backbone(VideoBackbone):
         "add_v_proj",
         "to_add_out",
     )
-    default_fps = 24.0
+    pipeline_class = "HunyuanVideo15Pipeline"
 
     def __init__(self, pipeline: HunyuanVideo15Pipeline, *, key_padding_attention: bool = True) -> None:
         super().__init__()
@@ -155,8 +157,7 @@ class HunyuanVideo15Backbone(VideoBackbone):
         """Channels of the denoised latents (the VAE's ``latent_channels``; the transformer takes ``2C + 1``)."""
         return self.pipeline.num_channels_latents
 
-    @property
-    def default_guidance_scale(self) -> float:
+    def _pipeline_guidance_scale(self) -> float:
         """The CFG scale ``pipe(...)`` applies: the guider's ``guidance_scale``, or 1 (no CFG) when it is disabled."""
         guider = self.pipeline.guider
         if not guider.get_state()["enabled"]:
@@ -196,15 +197,14 @@ class HunyuanVideo15Backbone(VideoBackbone):
             prompt=prompts, device=self.device, dtype=self.transformer.dtype, batch_size=len(prompts)
         )
 
-    @property
-    def vae(self) -> torch.nn.Module:
-        """The pipeline's autoencoder."""
-        return self.pipeline.vae
-
     def offload_text_encoders(self, device: torch.device | str = "cpu") -> None:
         """Move both text encoders to ``device``; new prompts are encoded on the transformer's device."""
         for encoder in self._text_encoders():
             encoder.to(device)
+
+    def _set_timesteps(self, scheduler: Any, num_steps: int) -> None:
+        # HunyuanVideo15Pipeline.__call__, "4. Prepare timesteps" (sigmas=None there).
+        retrieve_timesteps(scheduler, num_steps, sigmas=np.linspace(1.0, 0.0, num_steps + 1)[:-1])
 
     # -- model -----------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ The model denoises pixels directly (no VAE): latents are videos in [-1, 1] laid 
 synthetic videos of `sage_env.toy.world` by ``python -m sage_env.toy.train_prior`` and ships inside the package
 (`TOY_PRIOR_PATH`, a few hundred KB), so ``load_backbone("toy")`` works offline.
 
-Architecture (measured in DESIGN.md, "Toy world"):
+Architecture:
 
 * transformer: diffusers ``WanTransformer3DModel``, patch (1, 2, 2), 2 layers, 2 heads x 32, ffn 128,
   ``in_channels=6``, ``out_channels=3`` (~143k parameters). Wan attends with relative (rotary) positions only,
@@ -17,6 +17,8 @@ Architecture (measured in DESIGN.md, "Toy world"):
 * velocity: ``timestep = sigma * 1000`` as in diffusers' Wan, diffusers' convention ``v = noise - x0``; CFG
   ``uncond + g * (cond - uncond)`` against the empty negative prompt when ``guidance_scale > 1`` (the prior
   needs none: `ToyBackbone.default_guidance_scale` is 1).
+* schedule: `VideoBackbone.sigmas` is `sage_env.sde.flow_match_sigmas` at the declared shift 3; the size, steps,
+  shift, guidance and fps are ``sage_env.models.sampling_defaults("toy")``.
 
 The folder layout imitates a diffusers pipeline: ``model_index.json`` (``"_class_name": "toy"``, plus the video
 size and text length the model was trained with), ``transformer/`` (``save_pretrained``), ``text_encoder/``
@@ -118,9 +120,7 @@ class ToyBackbone(VideoBackbone):
     """
 
     default_lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")
-    default_fps = 8.0
-    default_guidance_scale = 1.0
-    """The prior is sampled without CFG (DESIGN.md: no CFG needed)."""
+    pipeline_class = "toy"
 
     def __init__(
         self,

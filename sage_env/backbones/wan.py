@@ -21,13 +21,12 @@ Model variants:
   ``pipe.transformer`` (``expert="transformer"``, the default: RL explores at high noise) or
   ``pipe.transformer_2`` (``expert="transformer_2"``); the other one runs frozen.
 
-Schedules: the env's Euler ``ode`` step reproduces a pipeline that uses ``FlowMatchEulerDiscreteScheduler``.
-With that scheduler ``pipe.scheduler.set_timesteps(N)`` gives ``sigma_i = shift(u_i)`` with
-``u = linspace(1, shift(1/1000), N)`` (the scheduler shifts its own ``sigma_min`` once more) and a final 0,
-so it differs from `sage_env.sde.flow_match_sigmas`; read it with `sage_env.sde.sigmas_from_scheduler`.
-The released Wan checkpoints ship ``UniPCMultistepScheduler`` (``flow_shift`` 3 or 5), a multistep solver: an
-Euler rollout does not reproduce its samples; swap in ``FlowMatchEulerDiscreteScheduler(shift=flow_shift)``
-for exact pipeline parity.
+Schedule: `WanBackbone.sigmas` is what ``WanPipeline.__call__`` sets with ``scheduler.set_timesteps(N)``.
+With ``FlowMatchEulerDiscreteScheduler`` that is ``sigma_i = shift(u_i)``, ``u = linspace(1, shift(1/1000), N)``
+(the scheduler shifts its own ``sigma_min`` once more) and a final 0, not `sage_env.sde.flow_match_sigmas`,
+and an ``ode`` rollout reproduces ``pipe(...)``. The released Wan checkpoints ship
+``UniPCMultistepScheduler`` (``flow_shift`` 3), a multistep solver: a rollout uses its sigmas but not its
+multistep update, so it does not reproduce ``pipe(...)`` (see `sage_env.backbones.pipeline`).
 
 Precision: in bf16 the pipeline keeps latents in bf16 after the first step; the env keeps them in float32,
 so bf16 rollouts agree with ``pipe(...)`` only to bf16 accuracy (float32 models agree to ~1e-6).
@@ -48,14 +47,15 @@ import torch
 from diffusers import WanPipeline
 
 from sage_env.backbones import _diffusers
-from sage_env.backbones.base import PromptConditioning, VideoBackbone
+from sage_env.backbones.base import PromptConditioning
+from sage_env.backbones.pipeline import PipelineBackbone
 
 __all__ = ["WanBackbone"]
 
 _EXPERTS = ("transformer", "transformer_2")
 
 
-class WanBackbone(VideoBackbone):
+class WanBackbone(PipelineBackbone):
     """A diffusers ``WanPipeline`` (Wan 2.1 / 2.2 T2V) behind the `VideoBackbone` protocol.
 
     Args:
@@ -76,9 +76,7 @@ class WanBackbone(VideoBackbone):
     """
 
     default_lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")
-    default_fps = 16.0
-    default_guidance_scale = 5.0
-    """``WanPipeline.__call__``'s default CFG scale."""
+    pipeline_class = "WanPipeline"
 
     def __init__(
         self,
@@ -204,14 +202,12 @@ class WanBackbone(VideoBackbone):
         )
         return prompt_embeds
 
-    @property
-    def vae(self) -> torch.nn.Module:
-        """The pipeline's autoencoder."""
-        return self.pipeline.vae
-
     def offload_text_encoders(self, device: torch.device | str = "cpu") -> None:
         """Move the UMT5 text encoder to ``device``; new prompts are encoded on the transformer's device."""
         self.pipeline.text_encoder.to(device)
+
+    def _set_timesteps(self, scheduler: Any, num_steps: int) -> None:
+        scheduler.set_timesteps(num_steps)  # WanPipeline.__call__, "4. Prepare timesteps"
 
     # -- model -----------------------------------------------------------------------------------
 
@@ -226,8 +222,8 @@ class WanBackbone(VideoBackbone):
     ) -> torch.Tensor:
         """Velocity ``(B, C, F', H', W')`` float32 for ``latents`` at per-sample ``sigma`` ``(B,)`` with CFG.
 
-        ``guidance_scale=None`` uses the pipeline default (5.0). Wan 2.2 A14B picks the expert of each sample
-        from its sigma (see the module docstring); ``transformer`` replaces the trainable expert only.
+        ``guidance_scale=None`` uses `default_guidance_scale` (the pipeline's, 5.0). Wan 2.2 A14B picks the expert
+        of each sample from its sigma (see the module docstring); ``transformer`` replaces the trainable expert only.
         """
         sigma = _diffusers.check_velocity_inputs(
             latents,
@@ -346,7 +342,12 @@ class WanBackbone(VideoBackbone):
         )
 
     def load_lora_weights(self, path: str | os.PathLike, adapter_name: str = "default") -> None:
-        """Load a Wan LoRA (diffusers or community format) into `transformer` as adapter ``adapter_name``."""
-        self.pipeline.load_lora_weights(
-            str(path), adapter_name=adapter_name, load_into_transformer_2=self.expert == "transformer_2"
+        """Load a Wan LoRA (diffusers or community format) into `transformer` as adapter ``adapter_name``, with
+        ``pipe.load_lora_weights``; raises ``ValueError`` as `VideoBackbone.load_lora_weights` does."""
+        self._load_adapter(
+            path,
+            adapter_name,
+            lambda: self.pipeline.load_lora_weights(
+                str(path), adapter_name=adapter_name, load_into_transformer_2=self.expert == "transformer_2"
+            ),
         )

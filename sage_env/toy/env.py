@@ -2,8 +2,9 @@
 
 ``gymnasium.make("sage_env/Toy-v0")`` and ``gymnasium.make_vec("sage_env/Toy-v0", num_envs=8, group_size=4)``
 need no arguments: the shipped prior (``backbone="toy"``), the analytic `sage_env.rewards.toy.ToyReward`, the
-24 training prompts, 8 frames of 16 x 16 pixels, and the schedule of the toy RL runs (10 steps, shift 3, the
-SAGE SDE with eta 0.7 on the first 5 steps and the ODE after). Every argument of
+24 training prompts, the toy model's declared size and schedule (``sage_env.models.sampling_defaults("toy")``:
+8 frames of 16 x 16 pixels, 10 steps at shift 3), and the SDE of the toy RL runs (SAGE with eta 0.7 on the
+first half of the steps, the ODE after). Every argument of
 `sage_env.DenoisingVectorEnv` can be overridden as a keyword (e.g. ``render_mode="rgb_array"``,
 ``array_mode="torch"``). Being offline and fast, it is the id to try gymnasium's checker and wrappers on.
 """
@@ -13,23 +14,21 @@ from __future__ import annotations
 from typing import Any
 
 from sage_env.env import DenoisingEnv, DenoisingVectorEnv
+from sage_env.models import sampling_defaults
 from sage_env.rewards.toy import ToyReward
-from sage_env.toy.sampling import TOY_NUM_STEPS, TOY_SHIFT
-from sage_env.toy.world import TOY_HEIGHT, TOY_NUM_FRAMES, TOY_TRAIN_PROMPTS, TOY_WIDTH
+from sage_env.toy.world import TOY_TRAIN_PROMPTS
 
 __all__ = ["TOY_ENV_DEFAULTS", "make_toy_env", "make_toy_vector_env"]
+
+_MODEL = sampling_defaults("toy")
 
 TOY_ENV_DEFAULTS: dict[str, Any] = {
     "backbone": "toy",
     "prompts": TOY_TRAIN_PROMPTS,
-    "num_frames": TOY_NUM_FRAMES,
-    "height": TOY_HEIGHT,
-    "width": TOY_WIDTH,
-    "num_steps": TOY_NUM_STEPS,
-    "shift": TOY_SHIFT,
+    **_MODEL.env_kwargs(),
     "sde": "sage",
     "eta": 0.7,
-    "sde_window": (0, TOY_NUM_STEPS // 2),
+    "sde_window": (0, _MODEL.num_steps // 2),
 }
 """Defaults of ``sage_env/Toy-v0`` (the reward defaults to a fresh `ToyReward`)."""
 

@@ -30,6 +30,8 @@ from itertools import product
 
 import torch
 
+from sage_env.models import sampling_defaults
+
 __all__ = [
     "BACKGROUND_LEVEL",
     "OBJECT_SIZE",
@@ -70,9 +72,11 @@ TOY_DIRECTIONS: dict[str, tuple[int, int]] = {
 }
 """Direction name -> unit step ``(dy, dx)`` in pixels (image rows grow downwards)."""
 
-TOY_NUM_FRAMES = 8
-TOY_HEIGHT = 16
-TOY_WIDTH = 16
+_TOY_DEFAULTS = sampling_defaults("toy")
+TOY_NUM_FRAMES: int = _TOY_DEFAULTS.num_frames
+TOY_HEIGHT: int = _TOY_DEFAULTS.height
+TOY_WIDTH: int = _TOY_DEFAULTS.width
+"""The world's video size: the toy model's declared size (``sage_env.models.sampling_defaults("toy")``)."""
 OBJECT_SIZE = 4
 """Side of the object's bounding box, in pixels."""
 SPEED = 1
