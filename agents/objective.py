@@ -136,12 +136,18 @@ class PerPromptStatTracker:
 
 
 def equalizer_matrix(
-    sigmas: torch.Tensor, sde_types: Sequence[str], eta: float, enabled: bool = True
+    sigmas: torch.Tensor,
+    sde_types: Sequence[str],
+    eta: float,
+    enabled: bool = True,
+    eps: float = 1e-8,
+    median: str = "lower",
 ) -> torch.Tensor:
     """Equalizer weights ``S_t`` (Eq. 9) for every sample and step: ``(N, T)``, 0 at deterministic steps.
 
-    ``N_t = |d mean / d v| / std_t`` is analytic per SDE (App. A.5); the median runs over each trajectory's
-    stochastic steps. With ``enabled=False`` every stochastic step weighs 1.
+    ``N_t = |d mean / d v| / std_t`` is analytic per SDE (App. A.5); the median (``"lower"``: the official
+    code's ``torch.median``) runs over each trajectory's stochastic steps. With ``enabled=False`` every
+    stochastic step weighs 1.
     """
     sigma, sigma_next = sigmas[:, :-1].float(), sigmas[:, 1:].float()
     scales = torch.stack(
@@ -153,7 +159,7 @@ def equalizer_matrix(
     )
     if not enabled:
         return torch.isfinite(scales).float()
-    return sde.equalizer_weights(scales)
+    return sde.equalizer_weights(scales, eps=eps, median=median)
 
 
 def select_timesteps(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -97,8 +98,10 @@ class DenoisingVectorEnv(VectorEnv):
     - ``prompts``: list of prompts (or a dataset with a ``prompt`` column) sampled at `reset`; a reset
       can instead pass ``options={"prompts": [...]}`` with one prompt per group.
     - ``num_envs``, ``group_size``: batch size and GRPO group size (``group_size`` must divide ``num_envs``).
-    - ``num_steps``, ``shift``: the flow-matching schedule (`sage_env.sde.flow_match_sigmas`); or pass
-      ``sigmas`` explicitly, e.g. from a diffusers scheduler (`sage_env.sde.sigmas_from_scheduler`).
+    - ``num_steps``, ``shift``: the schedule, ``backbone.sigmas(num_steps, shift)``: the model's own (for a
+      diffusers pipeline, exactly the sigmas ``pipe(..., num_inference_steps=num_steps)`` uses). None: the
+      model's declared steps (`sage_env.models.SamplingDefaults`) and its own shift. Or pass ``sigmas``
+      explicitly (they take precedence), e.g. from a diffusers scheduler (`sage_env.sde.sigmas_from_scheduler`).
     - ``sde``: ``"sage" | "flow_grpo" | "dance_grpo" | "cps" | "ode"``; ``eta``: exploration scale.
     - ``sde_window``: ``(start, end)``: only steps ``start <= t < end`` use the SDE, the others the ODE.
     - ``log_prob_kind``: ``"gaussian"`` or ``"cps"`` (published CPS' ``-mse``).
@@ -127,8 +130,8 @@ class DenoisingVectorEnv(VectorEnv):
         num_frames: int,
         height: int,
         width: int,
-        num_steps: int = 20,
-        shift: float = 5.0,
+        num_steps: int | None = None,
+        shift: float | None = None,
         sigmas: torch.Tensor | None = None,
         sde: str = "sage",
         eta: float = 0.5,
@@ -139,23 +142,26 @@ class DenoisingVectorEnv(VectorEnv):
         array_mode: str = "numpy",
         render_mode: str | None = None,
     ) -> None:
+        # Every cheap check first: a bad argument must not cost a model load.
         self._validate_sizes(num_envs, group_size, array_mode, render_mode)
         validate_sde_settings(sde, eta, log_prob_kind)
+        _validate_sampling(num_steps, shift, sde_window, fps)
         if reward_fn is None:
             raise ValueError(
                 "reward_fn is required: pass a reward function (see sage_env.rewards) or a list of them."
             )
+        self.reward = as_composite_reward(reward_fn)
+        self.prompts = prompt_list(prompts)
         self.backbone = load_backbone(
             backbone, backbone=pipeline_class, torch_dtype=torch_dtype, device=device
         )
-        self.reward = as_composite_reward(reward_fn)
-        self.prompts = prompt_list(prompts)
         self.num_envs, self.group_size = num_envs, group_size
         self.num_groups = num_envs // group_size
         self.sigmas = self._schedule(sigmas, num_steps, shift)
         self.num_steps = len(self.sigmas) - 1
         self.step_sde_types = self._step_sde_types(sde, sde_window)
         self.sde, self.eta, self.sde_window, self.log_prob_kind = sde, float(eta), sde_window, log_prob_kind
+        self._check_noise_is_finite()
         self.latent_shape = tuple(self.backbone.latent_shape(num_frames, height, width))
         self.num_frames, self.height, self.width = num_frames, height, width
         self.fps = float(fps if fps is not None else self.backbone.default_fps)
@@ -190,10 +196,12 @@ class DenoisingVectorEnv(VectorEnv):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}.")
 
-    @staticmethod
-    def _schedule(sigmas: torch.Tensor | None, num_steps: int, shift: float) -> torch.Tensor:
+    def _schedule(
+        self, sigmas: torch.Tensor | None, num_steps: int | None, shift: float | None
+    ) -> torch.Tensor:
         if sigmas is None:
-            return sde.flow_match_sigmas(num_steps, shift)
+            steps = self.backbone.sampling_defaults.num_steps if num_steps is None else num_steps
+            return self.backbone.sigmas(steps, shift).cpu()
         sigmas = torch.as_tensor(sigmas, dtype=torch.float32).cpu()
         sde.validate_sigma_schedule(sigmas)
         return sigmas
@@ -204,7 +212,19 @@ class DenoisingVectorEnv(VectorEnv):
             raise ValueError(
                 f"sde_window {sde_window} must satisfy 0 <= start < end <= num_steps ({self.num_steps})."
             )
-        return tuple(sde_type if start <= step < end else "ode" for step in range(self.num_steps))
+        return tuple(sde_type if start <= step < end else sde.ODE.name for step in range(self.num_steps))
+
+    def _check_noise_is_finite(self) -> None:
+        """Every step's noise std over this schedule is a float32 number (an absurd eta would overflow it)."""
+        for index, sde_type in enumerate(self.step_sde_types):
+            std = sde.noise_std(
+                sde_type, self.sigmas[index : index + 1], self.sigmas[index + 1 : index + 2], self.eta
+            )
+            if not torch.isfinite(std).all():
+                raise ValueError(
+                    f"eta={self.eta:g} makes the {sde_type} noise std of step {index} non-finite on this schedule; "
+                    "typical eta: 0.3-1.0."
+                )
 
     # -- reset -----------------------------------------------------------------------------------
 
@@ -251,7 +271,13 @@ class DenoisingVectorEnv(VectorEnv):
     def _sample_seeds(self, seeds: Sequence[int] | None) -> torch.Tensor:
         if seeds is None:
             return torch.as_tensor(self.np_random.integers(0, _SEED_BOUND, self.num_envs), dtype=torch.long)
-        seeds = torch.as_tensor(list(seeds), dtype=torch.long)
+        seeds = list(seeds)
+        if any(
+            isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s < _SEED_BOUND
+            for s in seeds
+        ):
+            raise ValueError(f"options['seeds'] must be integers in [0, {_SEED_BOUND}), got {seeds!r}.")
+        seeds = torch.as_tensor(seeds, dtype=torch.long)
         if seeds.shape != (self.num_envs,):
             raise ValueError(
                 f"options['seeds'] needs one seed per sample ({self.num_envs}), got {tuple(seeds.shape)}."
@@ -289,7 +315,8 @@ class DenoisingVectorEnv(VectorEnv):
         velocity = self._velocity_from_action(actions)
         index = self._step_index
         with torch.no_grad():  # the rollout is data; learners recompute log-probs with gradients
-            out = sde.sde_step(
+            # The inner step: inputs were validated where they entered (construction, the action above).
+            out = sde.step(
                 self.step_sde_types[index],
                 self._latents,
                 velocity,
@@ -411,6 +438,36 @@ class DenoisingVectorEnv(VectorEnv):
 def _uint8_images(images: torch.Tensor) -> np.ndarray:
     """``(..., 3, H, W)`` floats in [0, 1] -> ``(..., H, W, 3)`` uint8, the layout of gymnasium's rgb_array."""
     return (images.clamp(0, 1) * 255).round().to(torch.uint8).movedim(-3, -1).contiguous().cpu().numpy()
+
+
+def _validate_sampling(
+    num_steps: int | None, shift: float | None, sde_window: tuple[int, int] | None, fps: float | None
+) -> None:
+    """The schedule and frame-rate arguments, before anything is loaded."""
+    if num_steps is not None and (
+        isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
+    ):
+        raise ValueError(f"num_steps must be a positive integer (or None: the model's), got {num_steps!r}.")
+    for name, value in (("shift", shift), ("fps", fps)):
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(f"{name} must be a finite number > 0 (or None: the model's), got {value!r}.")
+    if sde_window is not None:
+        window = tuple(sde_window) if isinstance(sde_window, (list, tuple)) else None
+        if (
+            window is None
+            or len(window) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in window)
+        ):
+            raise ValueError(f"sde_window must be two integers (start, end), got {sde_window!r}.")
+        if not 0 <= window[0] < window[1] or (num_steps is not None and window[1] > num_steps):
+            raise ValueError(
+                f"sde_window {sde_window} must satisfy 0 <= start < end <= num_steps ({num_steps})."
+            )
 
 
 def validate_sde_settings(sde_type: str, eta: float, log_prob_kind: str) -> None:

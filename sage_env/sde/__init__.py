@@ -1,0 +1,80 @@
+"""Stochastic and deterministic steps of a rectified-flow sampler: pure tensor math, no model.
+
+Every SDE type is one self-contained unit (`sage_env.sde.base.SDE`) in its own module, registered by name:
+
+============  ==========================================================  ===============================
+type          std (Table 1 and peers)                                     mean
+============  ==========================================================  ===============================
+sage          ``eta * sqrt(log((1-sigma')/(1-sigma)) - d)`` (Eq. 5-6)     ``x - d v + std^2/2 * s`` (Eq. 7)
+flow_grpo     ``eta * sqrt(sigma/(1-sigma) * d)``                         same form as sage
+dance_grpo    ``eta * sqrt(d)``                                           same form as sage
+cps           ``sigma' * sin(eta * pi / 2)``                              ``(1-sigma') x0_hat +
+                                                                          sqrt(sigma'^2 - std^2) eps_hat``
+ode           ``0``                                                       ``x - d v`` (plain Euler)
+============  ==========================================================  ===============================
+
+Each unit's docstring states the published implementation it matches. `step` is the inner arithmetic the
+environment and the loss call (no validation, no host synchronisation); `sde_step` validates and then steps.
+Schedules: `flow_match_sigmas`, `sigmas_from_scheduler`. The equalizer: `gradient_scale`, `equalizer_weights`.
+"""
+
+from sage_env.sde.base import LOG_PROB_KINDS, SDE, SDE_REGISTRY, get_sde, register_sde, stochastic_sde_types
+from sage_env.sde.cps import CPSSDE
+from sage_env.sde.dance_grpo import DanceGRPOSDE
+from sage_env.sde.equalizer import (
+    MEDIAN_KINDS,
+    equalizer_weights,
+    gradient_scale,
+    mean_velocity_sensitivity,
+    noise_std,
+)
+from sage_env.sde.flow_grpo import FlowGRPOSDE
+from sage_env.sde.ode import ODE
+from sage_env.sde.sage import SAGE_SIGMA_MAX, SageSDE
+from sage_env.sde.schedule import flow_match_sigmas, sigmas_from_scheduler, validate_sigma_schedule
+from sage_env.sde.step import (
+    SDEStepOutput,
+    gaussian_log_prob,
+    sample_noise,
+    sde_step,
+    step,
+    validate_eta,
+    validate_sde_type,
+)
+
+for _unit in (SageSDE(), FlowGRPOSDE(), DanceGRPOSDE(), CPSSDE(), ODE()):
+    register_sde(_unit)
+
+SDE_TYPES: tuple[str, ...] = tuple(SDE_REGISTRY)
+"""The SDE types built in (`SDE_REGISTRY` also holds any registered later)."""
+
+__all__ = [
+    "CPSSDE",
+    "LOG_PROB_KINDS",
+    "MEDIAN_KINDS",
+    "ODE",
+    "SAGE_SIGMA_MAX",
+    "SDE",
+    "SDE_REGISTRY",
+    "SDE_TYPES",
+    "DanceGRPOSDE",
+    "FlowGRPOSDE",
+    "SDEStepOutput",
+    "SageSDE",
+    "equalizer_weights",
+    "flow_match_sigmas",
+    "gaussian_log_prob",
+    "get_sde",
+    "gradient_scale",
+    "mean_velocity_sensitivity",
+    "noise_std",
+    "register_sde",
+    "sample_noise",
+    "sde_step",
+    "sigmas_from_scheduler",
+    "step",
+    "stochastic_sde_types",
+    "validate_eta",
+    "validate_sde_type",
+    "validate_sigma_schedule",
+]
