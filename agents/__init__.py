@@ -1,6 +1,7 @@
 """agents: RL algorithms that train a video backbone against any `sage_env` environment.
 
-``agents.make(name, policy=backbone, **config)`` builds a registered agent; ``agents.register(name,
+``agents.make(name, env=envs, **config)`` builds a registered agent for an environment (its backbone as the
+policy, its SDE settings; or ``policy=backbone``); ``agents.register(name,
 factory)`` adds your own. Built-ins: ``sage_grpo`` (the paper), ``flow_grpo``, ``dance_grpo``, ``cps``,
 ``ddpo``, ``reinforce``; all share one implementation of the math (`agents.algorithm`), which the TRL
 trainer (`sage_trl`) uses too.
@@ -17,12 +18,14 @@ from agents.base import (
     AGENT_REGISTRY,
     ALGORITHM_CLASSES,
     ALGORITHM_CONFIGS,
+    ROLLOUT_SETTINGS,
     Agent,
     PolicyGradientAgent,
     list_agents,
     make,
     register,
     register_algorithm,
+    rollout_settings,
 )
 from agents.cps import CPSAgentConfig
 from agents.dance_grpo import DanceGRPOAgentConfig
@@ -43,6 +46,7 @@ __all__ = [
     "ALGORITHM_CLASSES",
     "ALGORITHM_CONFIGS",
     "KL_STRATEGIES",
+    "ROLLOUT_SETTINGS",
     "Agent",
     "AlgorithmConfig",
     "CPSAgentConfig",
@@ -60,4 +64,5 @@ __all__ = [
     "make",
     "register",
     "register_algorithm",
+    "rollout_settings",
 ]

@@ -10,188 +10,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 
 from agents import objective
+from agents.config import KL_STRATEGIES, AlgorithmConfig
 from agents.references import DisabledAdapters, ParameterSnapshot, has_lora_adapters
 from sage_env import sde
 from sage_env.backbones import PromptConditioning, VideoBackbone
 from sage_env.env import Trajectory
 
 __all__ = ["KL_STRATEGIES", "AlgorithmConfig", "PolicyGradientAlgorithm", "References", "TransitionBatch"]
-
-KL_STRATEGIES = ("none", "fixed", "stepwise", "moving", "dual")
-"""KL regularisers (paper Sec. 3.2.2): none; fixed (initial model); step-wise (previous policy, Eq. 15);
-moving (anchor refreshed every N optimizer steps, Eq. 13); dual (moving + step-wise, Eq. 14)."""
-
-
-@dataclass
-class AlgorithmConfig:
-    """Hyperparameters of a policy-gradient algorithm over denoising steps (defaults: SAGE-GRPO).
-
-    Paper references are to arXiv 2603.21872; "official" means the SAGE-GRPO project page's parameter table.
-    """
-
-    # Rollout (the environment must be built with the same values).
-    sde: str = field(
-        default="sage",
-        metadata={
-            "help": "SDE of the rollouts: sage | flow_grpo | dance_grpo | cps | ode. "
-            "Recommended: sage (paper Eq. 5-7)."
-        },
-    )
-    eta: float = field(
-        default=0.5, metadata={"help": "Exploration scale eta of the SDE. Paper/official: 0.5."}
-    )
-    log_prob_kind: str = field(
-        default="gaussian",
-        metadata={"help": "gaussian (exact log-density) or cps (published CPS' -mse score)."},
-    )
-    guidance_scale: float = field(
-        default=1.0,
-        metadata={
-            "help": "Classifier-free guidance used in rollouts and in the training forward (they must match)."
-        },
-    )
-    negative_prompt: str | None = field(
-        default=None, metadata={"help": "Negative prompt for CFG; None uses the backbone's default."}
-    )
-    # Advantages (Eq. 10, App. A.4).
-    scale_rewards: str = field(
-        default="group", metadata={"help": "group (Eq. 10), batch or none, as TRL's scale_rewards."}
-    )
-    advantage_eps: float = field(default=1e-4, metadata={"help": "Stabiliser epsilon of Eq. 10."})
-    adv_clip_max: float = field(
-        default=5.0, metadata={"help": "Clip advantages to [-max, max]. Official: 5."}
-    )
-    # Policy loss (Eq. 43).
-    epsilon: float | None = field(
-        default=1e-4,
-        metadata={
-            "help": "PPO clip range of the ratio (log-probs are "
-            "averaged per element, hence ~1e-4). None: no clipping."
-        },
-    )
-    epsilon_high: float | None = field(
-        default=None, metadata={"help": "Upper clip range; None uses epsilon."}
-    )
-    equalizer: bool = field(
-        default=True, metadata={"help": "Temporal gradient equalizer S_t (Eq. 9). Official: on."}
-    )
-    equalizer_eps: float = field(default=1e-8, metadata={"help": "The small constant of Eq. 9."})
-    timestep_fraction: float = field(
-        default=1.0, metadata={"help": "Fraction of each trajectory's stochastic steps trained per update."}
-    )
-    timestep_permutation: bool = field(
-        default=True, metadata={"help": "Random per-sample order of the trained steps. Official: on."}
-    )
-    # KL (Sec. 3.2.2, App. A.6).
-    kl_strategy: str = field(
-        default="dual",
-        metadata={
-            "help": "none | fixed | stepwise | moving | dual. Paper: dual (moving anchor + step-wise)."
-        },
-    )
-    beta_pos: float = field(
-        default=1.0,
-        metadata={"help": "Weight of the position (anchor) KL in dual KL (Eq. 14). Official: 1.0."},
-    )
-    beta_vel: float = field(
-        default=0.1, metadata={"help": "Weight of the step-wise (velocity) KL in dual KL. Official: 0.1."}
-    )
-    anchor_update_steps: int = field(
-        default=10, metadata={"help": "Refresh the moving anchor every N optimizer steps. Official: 10."}
-    )
-    kl_coef_schedule: str = field(
-        default="adaptive",
-        metadata={"help": "adaptive (warm-up + feedback, App. A.6) or constant (kl_coef_max throughout)."},
-    )
-    kl_coef_min: float = field(default=1e-7, metadata={"help": "lambda_min of Eq. 41-42. Paper: 1e-7."})
-    kl_coef_max: float = field(
-        default=1e-5,
-        metadata={
-            "help": "lambda_max of Eq. 41-42 (the constant coefficient when not adaptive). Paper: 1e-5."
-        },
-    )
-    kl_warmup_steps: int = field(
-        default=100, metadata={"help": "K: linear warm-up in optimizer steps. Paper: 100."}
-    )
-    kl_target: float = field(
-        default=1e-5,
-        metadata={"help": "D_target of Eq. 42 (not given by the paper; the official code uses 1e-5)."},
-    )
-    kl_history: int = field(
-        default=10, metadata={"help": "H: KL values averaged by the feedback rule. Paper: 10."}
-    )
-    reference_offload: bool = field(
-        default=False, metadata={"help": "Full fine-tuning: keep the reference copy on CPU between uses."}
-    )
-    # Update loop (used by agents; the TRL trainer has its own fields for these).
-    learning_rate: float = field(default=1e-5, metadata={"help": "Adam learning rate. Official: 1e-5."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
-    num_iterations: int = field(
-        default=1,
-        metadata={
-            "help": "Optimizer passes over each rollout (TRL's "
-            "num_iterations); > 1 makes the ratio and clipping act."
-        },
-    )
-    num_minibatches: int = field(default=1, metadata={"help": "Optimizer steps per pass over a rollout."})
-    micro_batch_size: int = field(
-        default=16,
-        metadata={"help": "(sample, step) pairs per forward; gradients accumulate over micro-batches."},
-    )
-    seed: int = field(default=0, metadata={"help": "Seed of the timestep selection."})
-
-    def __post_init__(self) -> None:
-        sde.validate_sde_type(self.sde)
-        sde.validate_eta(self.sde, self.eta)
-        self._check_choice("log_prob_kind", sde.LOG_PROB_KINDS)
-        self._check_choice("scale_rewards", objective.SCALE_REWARDS)
-        self._check_choice("kl_strategy", KL_STRATEGIES)
-        self._check_choice("kl_coef_schedule", ("adaptive", "constant"))
-        for name in ("adv_clip_max", "learning_rate", "max_grad_norm", "advantage_eps", "equalizer_eps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
-        for name in ("epsilon", "epsilon_high"):
-            value = getattr(self, name)
-            if value is not None and not 0 < value < 1:
-                raise ValueError(f"{name} must lie in (0, 1) or be None (no clipping), got {value}.")
-        if not 0 < self.timestep_fraction <= 1:
-            raise ValueError(f"timestep_fraction must lie in (0, 1], got {self.timestep_fraction}.")
-        for name in (
-            "anchor_update_steps",
-            "num_iterations",
-            "num_minibatches",
-            "micro_batch_size",
-            "kl_history",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if not 0 <= self.kl_coef_min <= self.kl_coef_max:
-            raise ValueError(
-                f"Need 0 <= kl_coef_min <= kl_coef_max, got {self.kl_coef_min}, {self.kl_coef_max}."
-            )
-        if self.sde == "ode":
-            raise ValueError(
-                "sde='ode' has no exploration noise, so no policy gradient; choose a stochastic SDE."
-            )
-
-    def _check_choice(self, name: str, allowed: tuple[str, ...]) -> None:
-        if getattr(self, name) not in allowed:
-            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config as a plain dict."""
-        return asdict(self)
-
-    @classmethod
-    def field_names(cls) -> set[str]:
-        """Names of every field."""
-        return {f.name for f in fields(cls)}
 
 
 @dataclass
@@ -254,7 +85,7 @@ class PolicyGradientAlgorithm:
         cfg = self.config
         self.kl_controller = objective.AdaptiveKLController(
             cfg.kl_coef_min,
-            cfg.kl_coef_max,
+            cfg.beta,
             cfg.kl_warmup_steps,
             cfg.kl_target,
             cfg.kl_history,
@@ -301,7 +132,7 @@ class PolicyGradientAlgorithm:
     def check_trajectory(self, trajectory: Trajectory) -> None:
         """Refuse trajectories sampled with other SDE settings than this algorithm's (their log-probs differ)."""
         cfg = self.config
-        stochastic = {t for t in trajectory.sde_types if t != "ode"}
+        stochastic = {t for t in trajectory.sde_types if sde.get_sde(t).stochastic}
         if (
             stochastic != {cfg.sde}
             or not math.isclose(trajectory.eta, cfg.eta)
@@ -328,7 +159,12 @@ class PolicyGradientAlgorithm:
         self.check_trajectory(trajectory)
         cfg = self.config
         weights = objective.equalizer_matrix(
-            trajectory.sigmas, trajectory.sde_types, trajectory.eta, cfg.equalizer
+            trajectory.sigmas,
+            trajectory.sde_types,
+            trajectory.eta,
+            cfg.equalizer,
+            eps=cfg.equalizer_eps,
+            median=cfg.equalizer_median,
         )
         trainable = trajectory.trainable & usable.to(trajectory.trainable.device)[:, None]
         samples, steps = objective.select_timesteps(
@@ -364,7 +200,8 @@ class PolicyGradientAlgorithm:
             return self._step(batch, velocity).mean
 
     def _step(self, batch: TransitionBatch, velocity: torch.Tensor) -> sde.SDEStepOutput:
-        return sde.sde_step(
+        # The inner step: the stored trajectory was validated when the env recorded it.
+        return sde.step(
             batch.sde_type,
             batch.latents,
             velocity,

@@ -5,7 +5,7 @@ and updates from the recorded `sage_env.Trajectory`, returning metrics::
 
     import agents, sage_env, gymnasium as gym
     envs = gym.make_vec("sage_env/Toy-v0", num_envs=8, group_size=4)
-    agent = agents.make("sage_grpo", policy=envs.unwrapped.backbone, learning_rate=3e-3)
+    agent = agents.make("sage_grpo", env=envs, learning_rate=3e-3)  # the env's backbone and SDE settings
     observation, _ = envs.reset(seed=0)
     while True:
         observation, reward, terminated, truncated, info = envs.step(agent.act(observation))
@@ -26,17 +26,20 @@ import torch
 from agents.algorithm import AlgorithmConfig, PolicyGradientAlgorithm, TransitionBatch
 from sage_env.backbones import VideoBackbone
 from sage_env.env import BackbonePolicy, Trajectory
+from sage_env.rewards import RewardFailureMonitor
 
 __all__ = [
     "AGENT_REGISTRY",
     "ALGORITHM_CLASSES",
     "ALGORITHM_CONFIGS",
+    "ROLLOUT_SETTINGS",
     "Agent",
     "PolicyGradientAgent",
     "list_agents",
     "make",
     "register",
     "register_algorithm",
+    "rollout_settings",
 ]
 
 
@@ -74,6 +77,7 @@ class PolicyGradientAgent(Agent):
         self.parameters = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.parameters, lr=self.config.learning_rate, weight_decay=0.0)
         self.references = algorithm.build_references(module)
+        self.reward_failures = RewardFailureMonitor(self.config.max_consecutive_reward_failures)
         self._act = BackbonePolicy(policy, self.config.guidance_scale, self.config.negative_prompt)
 
     def act(self, observation: Mapping[str, Any]) -> torch.Tensor:
@@ -81,7 +85,14 @@ class PolicyGradientAgent(Agent):
         return self._act(observation)
 
     def update(self, trajectory: Trajectory) -> dict[str, float]:
-        """``num_iterations`` passes over the rollout, ``num_minibatches`` optimizer steps each."""
+        """``num_iterations`` passes over the rollout, ``num_minibatches`` optimizer steps each.
+
+        Raises `sage_env.rewards.RewardFailureError` when no sample had a valid reward in
+        ``max_consecutive_reward_failures`` updates in a row.
+        """
+        rewards = trajectory.rewards
+        if rewards is not None:
+            self.reward_failures.observe(int(rewards.valid.sum()), len(rewards.valid), rewards.errors)
         advantages, usable = self.algorithm.advantages(trajectory)
         totals: dict[str, list[float]] = defaultdict(list)
         for iteration in range(self.config.num_iterations):
@@ -126,6 +137,7 @@ class PolicyGradientAgent(Agent):
         }
         metrics["reward/total"] = float(rewards.total[valid].mean()) if valid.any() else float("nan")
         metrics["reward/invalid_count"] = float(rewards.num_invalid)
+        metrics["reward/failed_calls"] = float(rewards.failed_calls)
         metrics["train/advantage_mean_abs"] = float(advantages[usable].abs().mean()) if usable.any() else 0.0
         metrics["train/usable_fraction"] = float(usable.float().mean())
         stochastic = trajectory.trainable
@@ -184,13 +196,35 @@ def register_algorithm(
     ALGORITHM_CLASSES[name] = algorithm_class
 
 
-def make(name: str, policy: VideoBackbone, **config: Any) -> Agent:
-    """Build the registered agent ``name`` for ``policy`` with config overrides."""
+ROLLOUT_SETTINGS = ("sde", "eta", "log_prob_kind")
+"""What an environment decides about the trajectories it records, and a policy-gradient agent must match."""
+
+
+def rollout_settings(env: Any) -> dict[str, Any]:
+    """The SDE settings of a `sage_env` environment (gymnasium wrappers are looked through)."""
+    unwrapped = getattr(env, "unwrapped", env)
+    return {name: getattr(unwrapped, name) for name in ROLLOUT_SETTINGS}
+
+
+def make(name: str, policy: VideoBackbone | None = None, *, env: Any = None, **config: Any) -> Agent:
+    """Build the registered agent ``name`` for ``policy`` with config overrides.
+
+    With ``env`` (a `sage_env` environment, wrapped or not), the policy defaults to the environment's backbone and
+    a policy-gradient algorithm takes the environment's SDE settings (``sde``, ``eta``, ``log_prob_kind``), so
+    the agent scores exactly the trajectories the environment records; explicit values still win, and an update on
+    trajectories sampled with other settings is refused.
+    """
     if name not in AGENT_REGISTRY:
         raise ValueError(
             f"Unknown agent {name!r}; registered agents: {', '.join(list_agents())}. "
             "Register your own with agents.register(name, factory)."
         )
+    if env is not None:
+        policy = policy if policy is not None else getattr(env, "unwrapped", env).backbone
+        if name in ALGORITHM_CONFIGS:
+            config = {**rollout_settings(env), **config}
+    if policy is None:
+        raise ValueError(f"agents.make({name!r}) needs policy= (a VideoBackbone) or env= (a sage_env environment).")
     return AGENT_REGISTRY[name](policy=policy, **config)
 
 

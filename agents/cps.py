@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-from agents.algorithm import AlgorithmConfig
+from agents.config import AlgorithmConfig
 
 __all__ = ["CPSAgentConfig"]
 
@@ -12,10 +13,15 @@ __all__ = ["CPSAgentConfig"]
 @dataclass
 class CPSAgentConfig(AlgorithmConfig):
     """CPS: the DDIM-like ``cps`` step (std ``sigma' sin(eta pi/2)``) scored as published with
-    ``-mean((x' - mean)^2)`` (no variance, no constants), PPO clip 1e-4, no KL, no equalizer."""
+    ``-mean((x' - mean)^2)`` (no variance, no constants), PPO clip 1e-4, no KL, no equalizer.
 
-    sde: str = field(default="cps", metadata={"help": "Coefficient-preserving sampling."})
-    eta: float = field(default=0.5, metadata={"help": "CPS noise level in [0, 1]."})
-    log_prob_kind: str = field(default="cps", metadata={"help": "Published CPS' -mse transition score."})
-    equalizer: bool = field(default=False, metadata={"help": "CPS has no equalizer."})
-    kl_strategy: str = field(default="none", metadata={"help": "CPS trains without KL."})
+    Only defaults change; every field's meaning is `agents.config.AlgorithmConfig`'s.
+    """
+
+    display_name: ClassVar[str] = "CPS"
+    summary: ClassVar[str | None] = "coefficients-preserving sampling"
+
+    sde: str = "cps"
+    log_prob_kind: str = "cps"
+    equalizer: bool = False
+    kl_strategy: str = "none"

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from agents.algorithm import AlgorithmConfig, PolicyGradientAlgorithm
+from agents.algorithm import PolicyGradientAlgorithm
+from agents.config import AlgorithmConfig
 from agents.objective import PerPromptStatTracker
 
 __all__ = ["DDPOAgentConfig", "DDPOAlgorithm"]
@@ -17,17 +18,28 @@ __all__ = ["DDPOAgentConfig", "DDPOAlgorithm"]
 
 @dataclass
 class DDPOAgentConfig(AlgorithmConfig):
-    """DDPO's defaults on a flow model: FlowGRPO's SDE with eta 0.7 for exploration, PPO clip 1e-4,
-    advantage clip 5, advantages normalised by each prompt's reward history (buffer 16, min count 16),
-    no KL, no equalizer."""
+    """DDPO's defaults on a flow model: FlowGRPO's SDE with eta 0.7 for exploration, advantages normalised by
+    each prompt's reward history (`PerPromptStatTracker`), no KL, no equalizer; PPO clip 1e-4 and advantage
+    clip 5 as SAGE-GRPO.
 
-    sde: str = field(default="flow_grpo", metadata={"help": "SDE for exploration on a flow model."})
-    eta: float = field(default=0.7, metadata={"help": "Noise level."})
-    equalizer: bool = field(default=False, metadata={"help": "DDPO has no equalizer."})
-    kl_strategy: str = field(default="none", metadata={"help": "DDPO trains without KL."})
-    stat_buffer_size: int = field(default=16, metadata={"help": "Rewards kept per prompt. DDPO: 16."})
+    Besides the defaults it adds the two fields of the per-prompt statistics.
+    """
+
+    display_name: ClassVar[str] = "DDPO"
+    summary: ClassVar[str | None] = "PPO over denoising steps with per-prompt reward statistics"
+
+    sde: str = "flow_grpo"
+    eta: float = 0.7
+    equalizer: bool = False
+    kl_strategy: str = "none"
+    stat_buffer_size: int = field(
+        default=16, metadata={"help": "DDPO: rewards kept per prompt for its statistics. Published: 16."}
+    )
     stat_min_count: int = field(
-        default=16, metadata={"help": "Below this many, use batch statistics. DDPO: 16."}
+        default=16,
+        metadata={
+            "help": "DDPO: below this many rewards of a prompt, the batch statistics are used. Published: 16."
+        },
     )
 
 

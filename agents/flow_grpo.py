@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-from agents.algorithm import AlgorithmConfig
+from agents.config import AlgorithmConfig
 
 __all__ = ["FlowGRPOAgentConfig"]
 
 
 @dataclass
 class FlowGRPOAgentConfig(AlgorithmConfig):
-    """FlowGRPO's published defaults: ``flow_grpo`` SDE (std ``eta*sqrt(sigma/(1-sigma) d)``, Table 1) with
-    noise level 0.7, PPO clip 1e-4, advantage clip 5, a fixed KL to the initial model with a constant
-    coefficient (beta 0.04 in its KL configs), no equalizer, lr 3e-4 (LoRA)."""
+    """FlowGRPO's published defaults: the ``flow_grpo`` SDE (std ``eta*sqrt(sigma/(1-sigma) d)``, Table 1) with
+    noise level 0.7, a fixed KL to the initial model with a constant coefficient (beta 0.04 in its KL configs),
+    no equalizer, lr 3e-4 (its LoRA runs); PPO clip 1e-4 and advantage clip 5 as SAGE-GRPO.
 
-    sde: str = field(default="flow_grpo", metadata={"help": "FlowGRPO's SDE (Table 1)."})
-    eta: float = field(default=0.7, metadata={"help": "FlowGRPO's noise_level. Published: 0.7."})
-    equalizer: bool = field(default=False, metadata={"help": "FlowGRPO has no equalizer."})
-    kl_strategy: str = field(default="fixed", metadata={"help": "FlowGRPO: KL to the initial model."})
-    kl_coef_schedule: str = field(default="constant", metadata={"help": "FlowGRPO uses a constant beta."})
-    kl_coef_max: float = field(default=0.04, metadata={"help": "FlowGRPO's beta in its KL configs: 0.04."})
-    learning_rate: float = field(default=3e-4, metadata={"help": "FlowGRPO's LoRA learning rate: 3e-4."})
+    Only defaults change; every field's meaning is `agents.config.AlgorithmConfig`'s.
+    """
+
+    display_name: ClassVar[str] = "Flow-GRPO"
+    summary: ClassVar[str | None] = "the Flow-GRPO baseline"
+
+    sde: str = "flow_grpo"
+    eta: float = 0.7
+    equalizer: bool = False
+    kl_strategy: str = "fixed"
+    kl_coef_schedule: str = "constant"
+    beta: float = 0.04
+    learning_rate: float = 3e-4

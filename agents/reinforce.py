@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-from agents.algorithm import AlgorithmConfig
+from agents.config import AlgorithmConfig
 
 __all__ = ["ReinforceAgentConfig"]
 
@@ -12,9 +13,15 @@ __all__ = ["ReinforceAgentConfig"]
 @dataclass
 class ReinforceAgentConfig(AlgorithmConfig):
     """REINFORCE over denoising steps: advantage ``r - mean_G`` (no std scaling), no ratio clipping, no KL,
-    no equalizer. The ``sage`` SDE by default."""
+    no equalizer, on the ``sage`` SDE.
 
-    scale_rewards: str = field(default="none", metadata={"help": "Group-mean baseline only."})
-    epsilon: float | None = field(default=None, metadata={"help": "No clipping: plain policy gradient."})
-    equalizer: bool = field(default=False, metadata={"help": "Plain REINFORCE weighs every step alike."})
-    kl_strategy: str = field(default="none", metadata={"help": "No KL."})
+    Only defaults change; every field's meaning is `agents.config.AlgorithmConfig`'s.
+    """
+
+    display_name: ClassVar[str] = "REINFORCE"
+    summary: ClassVar[str | None] = "plain policy gradient with a group-mean baseline"
+
+    scale_rewards: str = "none"
+    epsilon: float | None = None
+    equalizer: bool = False
+    kl_strategy: str = "none"

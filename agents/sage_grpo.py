@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from agents.algorithm import AlgorithmConfig
+from agents.config import AlgorithmConfig
 
 __all__ = ["SageGRPOAgentConfig"]
 
@@ -15,6 +16,8 @@ class SageGRPOAgentConfig(AlgorithmConfig):
     (Eq. 9), dual KL (moving anchor every 10 optimizer steps, beta_pos 1.0, beta_vel 0.1; Eq. 14) with the
     adaptive coefficient 1e-7 -> 1e-5 over 100 steps (App. A.6), clip 1e-4, advantage clip 5, lr 1e-5.
 
-    Every field and its help string is inherited from `agents.algorithm.AlgorithmConfig`, whose defaults
-    are SAGE-GRPO's.
+    Every field and its help string is `agents.config.AlgorithmConfig`'s, whose defaults are SAGE-GRPO's.
     """
+
+    display_name: ClassVar[str] = "SAGE-GRPO"
+    summary: ClassVar[str | None] = "manifold-aware SDE, temporal gradient equalizer, dual moving KL"

@@ -51,14 +51,14 @@ SDE_KINDS = ("sage", "flow_grpo", "dance_grpo", "cps")
 SETTINGS = ("setting_a", "setting_b")
 
 PAPER_KL = (1e-5, 10)
-"""(kl_coef_max, anchor_update_steps) of the paper: lambda_KL in [1e-7, 1e-5], anchor refreshed every 10 steps."""
+"""(beta, anchor_update_steps) of the paper: lambda_KL in [1e-7, 1e-5], anchor refreshed every 10 steps."""
 STRONG_KL = (2.0, 3)
 """A KL term of the same order as the policy term (see `kl_gradient_share`), with an anchor that moves within a
 short run: what the strategies do when the regulariser actually acts."""
 
 Config = tuple[
     str, str, str, tuple[float, int]
-]  # (reward preset, SDE type, KL strategy, (kl_coef_max, anchor N))
+]  # (reward preset, SDE type, KL strategy, (beta, anchor N))
 
 DEFAULT_GRID: tuple[Config, ...] = (
     *(("setting_b", "sage", kl, PAPER_KL) for kl in KL_STRATEGIES),
@@ -121,7 +121,7 @@ def run_grid(
         runs = []
         for seed in seeds:
             spec = replace(
-                base, reward_preset=preset, sde=kind, kl_strategy=strategy, seed=seed, kl_coef_max=coef_max,
+                base, reward_preset=preset, sde=kind, kl_strategy=strategy, seed=seed, beta=coef_max,
                 anchor_update_steps=anchor_steps,
             )  # fmt: skip
             inspect = kl_gradient_share if strategy != "none" else None

@@ -158,7 +158,7 @@ def hand_written_rollout(
     reward: ToyReward,
 ) -> torch.Tensor:
     """One rollout the diffusers way; returns the final latents (every latent and log-prob is kept too)."""
-    sigmas = sde.flow_match_sigmas(case.num_steps, SHIFT).tolist()
+    sigmas = backbone.sigmas(case.num_steps, SHIFT).tolist()  # the schedule the environment uses
     shape = (len(prompts), *backbone.latent_shape(case.num_frames, case.height, case.width))
     embeds = backbone.encode_prompts(list(prompts)).tensors["prompt_embeds"]
     velocity_of = raw_transformer_call(backbone, shape[1:], len(prompts), embeds)
@@ -187,7 +187,7 @@ def model_only(backbone: VideoBackbone, case: OverheadCase, prompts: Sequence[st
     velocity_of = raw_transformer_call(backbone, shape[1:], len(prompts), embeds)
     latents = torch.zeros(shape)
     with torch.no_grad():
-        for sigma in sde.flow_match_sigmas(case.num_steps, SHIFT)[:-1].tolist():
+        for sigma in backbone.sigmas(case.num_steps, SHIFT)[:-1].tolist():
             velocity_of(latents, sigma)
 
 
@@ -213,9 +213,9 @@ def measure_case(case: OverheadCase, repeats: int, warmup: int, seed: int) -> Ov
     env = DenoisingVectorEnv(
         backbone, reward, TOY_TRAIN_PROMPTS, num_envs=case.num_videos, group_size=case.group_size,
         num_frames=case.num_frames, height=case.height, width=case.width, num_steps=case.num_steps,
-        shift=SHIFT, sde="sage", eta=ETA, sde_window=(0, case.sde_steps),
+        shift=SHIFT, sde="sage", eta=ETA, sde_window=(0, case.sde_steps), array_mode="torch",
     )  # fmt: skip
-    agent = agents.make("sage_grpo", policy=backbone, eta=ETA)
+    agent = agents.make("sage_grpo", env=env, guidance_scale=1.0)  # no CFG, as the hand-written loop
     times = timing.interleaved_times(
         {
             "env": lambda: workloads.agent_rollout(env, agent, prompts=group_prompts, seeds=seeds),

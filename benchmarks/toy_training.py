@@ -67,7 +67,7 @@ class ToyRunSpec:
         num_prompts, group_size: videos per rollout = ``num_prompts * group_size``.
         learning_rate: AdamW learning rate of the LoRA weights.
         kl_warmup_steps: warm-up of the adaptive KL coefficient (App. A.6).
-        kl_coef_max: the KL coefficient's upper bound (the paper's 1e-5 unless changed).
+        beta: the KL coefficient's upper bound (the paper's 1e-5 unless changed).
         anchor_update_steps: refresh interval of the moving anchor (the paper's 10 unless changed).
         eval_seeds: seeds per held-out prompt for the before/after evaluation.
         eval_prompts: how many of the 8 held-out prompts are evaluated.
@@ -84,7 +84,7 @@ class ToyRunSpec:
     group_size: int = 4
     learning_rate: float = 3e-3
     kl_warmup_steps: int = 20
-    kl_coef_max: float = 1e-5
+    beta: float = 1e-5
     anchor_update_steps: int = 10
     eval_seeds: tuple[int, ...] = (0, 1, 2)
     eval_prompts: int = 8
@@ -173,7 +173,7 @@ def run_toy_training(
     agent = agents.make(
         "sage_grpo", policy=backbone, sde=spec.sde, eta=spec.eta, equalizer=spec.equalizer,
         kl_strategy=spec.kl_strategy, learning_rate=spec.learning_rate, kl_warmup_steps=spec.kl_warmup_steps,
-        kl_coef_max=spec.kl_coef_max, anchor_update_steps=spec.anchor_update_steps, micro_batch_size=40,
+        beta=spec.beta, anchor_update_steps=spec.anchor_update_steps, micro_batch_size=40,
         seed=spec.seed,
     )  # fmt: skip
     result = ToyRunResult(spec, {key: [] for key in CURVE_KEYS})

@@ -21,14 +21,17 @@ import os
 from collections import defaultdict, deque
 from typing import Any
 
+import numpy as np
+import torch
 from transformers import Trainer
 from trl import GRPOTrainer
-from trl.trainer.utils import identity
+from trl.trainer.utils import RepeatSampler, identity
 
 __all__ = [
     "GRPO_REUSED_METHODS",
     "TRAINER_PRIVATE_METHODS",
     "TRAIN_TIME_ATTRIBUTES",
+    "EpochSeededRepeatSampler",
     "grpo_data_collator",
     "init_grpo_state",
     "rotate_checkpoints",
@@ -38,7 +41,6 @@ __all__ = [
 
 GRPO_REUSED_METHODS = (
     "get_train_dataloader",
-    "_get_train_sampler",
     "_prepare_inputs",
     "training_step",
     "log",
@@ -134,3 +136,32 @@ def rotate_checkpoints(trainer: Trainer, run_dir: str) -> None:
         best_model_checkpoint=trainer.state.best_model_checkpoint,
         use_mtime=True,
     )
+
+
+class EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's `RepeatSampler` (each prompt ``num_generations`` times, batches repeated for reuse) whose shuffle is a
+    function of ``(seed, epoch)``.
+
+    TRL's sampler draws every epoch's permutation from one generator that lives only in memory, so a run resumed
+    in epoch 2 replays epoch 1's order: the resumed run trains on other prompts than the uninterrupted one.
+    `transformers.Trainer` calls ``set_epoch`` before every epoch (through accelerate's data loader), which
+    reseeds the generator here; resume is then exact at any step.
+    """
+
+    @classmethod
+    def like(cls, sampler: RepeatSampler) -> EpochSeededRepeatSampler:
+        """The same sampler, epoch-seeded."""
+        return cls(
+            data_source=sampler.data_source,
+            mini_repeat_count=sampler.mini_repeat_count,
+            batch_size=sampler.batch_size,
+            repeat_count=sampler.repeat_count,
+            shuffle=sampler.shuffle,
+            seed=sampler.seed,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reseed the shuffle for ``epoch``."""
+        if self.shuffle:
+            seed = np.random.SeedSequence([self.seed or 0, epoch]).generate_state(1)[0]
+            self.generator = torch.Generator().manual_seed(int(seed))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from sage_env.backbones import VideoBackbone
@@ -90,7 +91,10 @@ def load_lora_state(transformer: torch.nn.Module, directory: str | os.PathLike) 
     path = Path(directory) / LORA_WEIGHT_NAME
     if not path.is_file():
         raise ValueError(f"No {LORA_WEIGHT_NAME} in {directory}; is this a LoRA checkpoint of this trainer?")
-    saved = {key.removeprefix(_PREFIX): value for key, value in load_file(path).items()}
+    try:
+        saved = {key.removeprefix(_PREFIX): value for key, value in load_file(path).items()}
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a readable safetensors file ({error}); the checkpoint is damaged.") from error
     expected = set(get_peft_model_state_dict(transformer))
     if set(saved) != expected:
         missing, unexpected = sorted(expected - set(saved)), sorted(set(saved) - expected)

@@ -11,8 +11,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 from transformers import TrainerCallback
+
+from sage_env.video_io import write_video
+from sage_trl.run_folder.writes import guarded_write
 
 __all__ = [
     "MetricsFileCallback",
@@ -32,7 +34,12 @@ _STATUS_KEYS = (
 
 
 class MetricsFileCallback(TrainerCallback):
-    """Append every log record (with its step) as one JSON line to ``path`` (main process only)."""
+    """Append every per-step log record (with its step) as one JSON line to ``path`` (main process only).
+
+    The end-of-training summary (``train_runtime``, ``train_loss``, ...) is left out: it describes the run, not a
+    step, and goes into ``training_complete.json``. A resumed run starts from the file cut back to its
+    checkpoint (`sage_trl.run_folder.RunStart.begin`), so every step is in it exactly once.
+    """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -40,12 +47,14 @@ class MetricsFileCallback(TrainerCallback):
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        if not state.is_world_process_zero or not logs:
+        if not state.is_world_process_zero or not logs or "train_runtime" in logs:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         record = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        survived = "the checkpoints written so far are intact"
+        with guarded_write(self.path.name, self.path, survived=survived):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
 
 
 class StatusCallback(TrainerCallback):
@@ -171,11 +180,7 @@ def save_video_gif(
         row, column = divmod(index, columns)
         top, left = row * (height + gap), column * (width + gap)
         canvas[:, top : top + height, left : left + width] = frames[index]
-    images = [Image.fromarray(frame) for frame in canvas]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
-    return path
+    return write_video(torch.from_numpy(canvas).permute(0, 3, 1, 2), path, fps)
 
 
 def save_comparison_gif(

@@ -8,9 +8,8 @@ anchor as an adapter snapshot, diffusers-format saving, and checkpoints that res
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
+import pickle
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -22,21 +21,28 @@ import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset
 from transformers import TrainerCallback, set_seed
+from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import TrainOutput
+from transformers.utils import logging
 from trl import GRPOTrainer
 
 from agents import ALGORITHM_CLASSES, PolicyGradientAlgorithm, References
-from sage_env.backbones import VideoBackbone, load_backbone
+from sage_env.backbones import BACKBONES, VideoBackbone, load_backbone
 from sage_env.env import BackbonePolicy, DenoisingVectorEnv, Trajectory, run_episode
-from sage_env.rewards import CompositeReward
-from sage_trl import _trl_compat, hub
+from sage_env.rewards import CompositeReward, RewardFailureMonitor
+from sage_trl import _trl_compat, checkpoints, hub
 from sage_trl.config import SageGRPOConfig
 from sage_trl.distributed import release_process_group_at_exit
-from sage_trl.lora import add_lora, load_lora_state, save_lora_adapter
+from sage_trl.hub.upload import check_license
+from sage_trl.lora import add_lora
+from sage_trl.outputs import MetricsFileCallback
+from sage_trl.run_folder import RunFolder, RunFolderError, RunStart, layout, plan_start
+from sage_trl.run_folder.writes import guarded_write
 
 __all__ = ["SageGRPOTrainer"]
 
-STATE_FILE = "sage_state.pt"
-CONFIG_FILE = "sage_config.json"
+logger = logging.get_logger(__name__)
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _UNSUPPORTED_ARGUMENTS = {
     "processing_class": "video backbones bring their own text encoders",
@@ -110,6 +116,10 @@ class SageGRPOTrainer(GRPOTrainer):
             raise ValueError(f"args must be a SageGRPOConfig, got {type(args).__name__}.")
         set_seed(args.seed)  # the adapter's random init must follow the run's seed
         self.backbone = self._load_backbone(model, args, lora=peft_config is not None)
+        self.model_name_or_path = model if isinstance(model, str) else args.model_name_or_path
+        self.pipeline_class = pipeline_class_name(self.backbone)
+        args.resolve_model_defaults(self.pipeline_class)
+        _check_video_size(args)
         self.peft_config = add_lora(self.backbone, peft_config) if peft_config is not None else None
         if peft_config is None:
             self.backbone.transformer.requires_grad_(True)
@@ -117,6 +127,7 @@ class SageGRPOTrainer(GRPOTrainer):
         self.algorithm: PolicyGradientAlgorithm = ALGORITHM_CLASSES[args.algorithm](algorithm_config)
         self.reward = self._composite_reward(reward_funcs, args)
         train_dataset = self._prompt_dataset(train_dataset)
+        self.dataset_name: str | None = train_dataset.info.dataset_name
         _trl_compat.transformers_trainer_init(
             self,
             model=self.backbone.transformer,
@@ -131,9 +142,12 @@ class SageGRPOTrainer(GRPOTrainer):
         self.references: References = self.algorithm.build_references(self.backbone.transformer)
         self.env = self._build_env(args)
         self._generation_round = 0
-        self._resolved_reward_weights: dict[str, float] | None = None
+        self.resolved_reward_weights: dict[str, float] = {}
+        self.reward_failures = RewardFailureMonitor(args.max_consecutive_reward_failures)
         self._kl_values: list[float] = []
         self.add_callback(_AlgorithmCallback(self))
+        if self.is_world_process_zero():
+            self.add_callback(MetricsFileCallback(os.path.join(args.output_dir, layout.METRICS_FILE)))
         if self.accelerator.num_processes > 1:
             release_process_group_at_exit(self)
 
@@ -217,6 +231,10 @@ class SageGRPOTrainer(GRPOTrainer):
                 self.backbone.encode_prompts(prompts[start : start + 64], args.negative_prompt)
             self.backbone.offload_text_encoders()
 
+    def _get_train_sampler(self, dataset: Dataset | None = None) -> _trl_compat.EpochSeededRepeatSampler:
+        """GRPO's group-repeat sampler, shuffled per epoch from the seed so that resuming is exact."""
+        return _trl_compat.EpochSeededRepeatSampler.like(super()._get_train_sampler(dataset))
+
     # -- rollouts --------------------------------------------------------------------------------
 
     def _rollout_seeds(self, count: int) -> list[int]:
@@ -249,12 +267,13 @@ class SageGRPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         trajectory = self._rollout(prompts, self._rollout_seeds(len(prompts)))
         self._generation_round += 1
-        self._resolved_reward_weights = dict(trajectory.rewards.weights)
+        self.resolved_reward_weights.update(trajectory.rewards.weights)
         if self.args.reward_offload:
             self._offload_reward_models()
         rollout_time = time.perf_counter() - start
         advantages, usable = self._global_advantages(trajectory, prompts)
         self._log_rollout_metrics(trajectory, rollout_time, time.perf_counter() - start - rollout_time)
+        self._check_reward_failures(trajectory)
         # Tensors first: TRL's split_tensor_dict sizes chunks from the first value.
         return {
             "latents": trajectory.latents,
@@ -267,6 +286,12 @@ class SageGRPOTrainer(GRPOTrainer):
             "seeds": trajectory.seeds.to(self.accelerator.device),
             "prompt": list(trajectory.prompts),
         }
+
+    def _check_reward_failures(self, trajectory: Trajectory) -> None:
+        """Count rollouts without a single valid reward (all processes); stop after too many in a row."""
+        device = self.accelerator.device
+        valid = gather(trajectory.rewards.valid.to(device))
+        self.reward_failures.observe(int(valid.sum()), len(valid), trajectory.rewards.errors)
 
     def _offload_reward_models(self) -> None:
         """Move reward models off the accelerator until the next scoring call (``reward_offload``)."""
@@ -308,6 +333,8 @@ class SageGRPOTrainer(GRPOTrainer):
             float(total[valid].std(unbiased=False)) if valid.sum() > 1 else 0.0
         )
         metrics["reward/invalid_count"].append(float((~valid).sum()))
+        failed = gather(torch.tensor([rewards.failed_calls], device=device))
+        metrics["reward/failed_calls"].append(float(failed.sum()))
         stds = trajectory.stds[trajectory.trainable]
         metrics["rollout/exploration_std"].append(float(stds.mean()) if stds.numel() else 0.0)
         metrics["time/rollout"].append(rollout_time)
@@ -400,19 +427,113 @@ class SageGRPOTrainer(GRPOTrainer):
 
     # -- training, Hub ----------------------------------------------------------------------------
 
-    def train(self, *args: Any, **kwargs: Any) -> Any:
-        """`transformers.Trainer.train`, then mark ``output_dir`` complete (only finished runs can be pushed)."""
-        output = super().train(*args, **kwargs)
-        if self.is_world_process_zero():
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            hub.mark_training_complete(self.args.output_dir, self.state.global_step, self.state.max_steps)
-        return output
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+        **kwargs: Any,
+    ) -> TrainOutput:
+        """`transformers.Trainer.train` in a claimed run folder (the rules: `sage_trl.run_folder.folder`).
+
+        Before anything is loaded or written, a folder holding another run is refused (unless
+        ``overwrite_output_dir``), a resume without a checkpoint is an error, and a finished run is reported as
+        finished without training. At the end the final model is saved into ``output_dir`` and
+        ``training_complete.json`` is written last: only a run that got there can be pushed.
+        """
+        start = self.plan_run(resume_from_checkpoint)
+        self.accelerator.wait_for_everyone()  # every process has validated before the main one writes
+        start.begin(main_process=self.is_world_process_zero())
+        try:
+            self.accelerator.wait_for_everyone()
+            if start.finished is not None:
+                return self._finished_run(start.finished)
+            output = self._train_from(start, trial, ignore_keys_for_eval, **kwargs)
+            self._finish_run(output)
+            return output
+        finally:
+            start.end()
+
+    def plan_run(self, resume_from_checkpoint: str | bool | None = None) -> RunStart:
+        """How `train` would start in ``output_dir`` (see `sage_trl.run_folder.plan_start`); changes nothing."""
+        return plan_start(
+            self.args.output_dir,
+            resume_from_checkpoint=resume_from_checkpoint,
+            overwrite=self.args.overwrite_output_dir,
+            max_steps=self.args.max_steps,
+        )
+
+    def _train_from(
+        self, start: RunStart, trial: Any, ignore_keys_for_eval: Any, **kwargs: Any
+    ) -> TrainOutput:
+        checkpoint = str(start.checkpoint) if start.checkpoint is not None else None
+        if checkpoint is not None and 0 < self.args.max_steps <= start.checkpoint_step:
+            # Killed after its last checkpoint: no step is left. Restore the checkpoint and finish the run.
+            self._load_from_checkpoint(checkpoint)
+            self.state = TrainerState.load_from_json(os.path.join(checkpoint, layout.TRAINER_STATE_FILE))
+            return TrainOutput(self.state.global_step, float("nan"), {})
+        try:
+            return super().train(
+                resume_from_checkpoint=checkpoint,
+                trial=trial,
+                ignore_keys_for_eval=ignore_keys_for_eval,
+                **kwargs,
+            )
+        except (
+            pickle.UnpicklingError
+        ) as error:  # transformers loads its checkpoint files with weights_only=True
+            raise RunFolderError(
+                f"Refused to load checkpoint {checkpoint}: one of its files holds pickled objects other than "
+                f"tensors and numbers, which could run code when loaded ({error}). Resume from a checkpoint you "
+                "wrote yourself."
+            ) from error
+
+    def _finish_run(self, output: TrainOutput) -> None:
+        """Save the final model into ``output_dir``, then write the completion record (main process)."""
+        with guarded_write("the final model", self.args.output_dir, survived=self._survivor()):
+            self.save_model(self.args.output_dir)
+            if self.is_world_process_zero():
+                summary = {k: v for k, v in output.metrics.items() if isinstance(v, (int, float))}
+                RunFolder(self.args.output_dir).mark_complete(
+                    self.state.global_step, self.state.max_steps, **summary
+                )
+
+    def _survivor(self) -> str:
+        latest = RunFolder(self.args.output_dir).latest_checkpoint()
+        return f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
+
+    def _finished_run(self, completion: dict[str, Any]) -> TrainOutput:
+        """A finished run asked to resume: load its final weights, train nothing, say so."""
+        checkpoints.load_model_weights(self, self.args.output_dir)
+        self.state.global_step = int(completion["global_step"])
+        self.state.max_steps = completion.get("max_steps") or self.state.global_step
+        logger.warning(
+            "%s holds a finished run (step %s of %s): nothing to train. Raise max_steps to train further.",
+            self.args.output_dir,
+            completion["global_step"],
+            completion.get("max_steps"),
+        )
+        return TrainOutput(self.state.global_step, float(completion.get("train_loss", float("nan"))), {})
+
+    def _hub_repo_id(self) -> str:
+        """TRL's convention: ``hub_model_id``, else the output folder's name (in the token's namespace)."""
+        return (
+            getattr(self, "hub_model_id", None)
+            or self.args.hub_model_id
+            or Path(self.args.output_dir).absolute().name
+        )
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Before training with ``push_to_hub=True``: check license, token and network and create the repo, so a
         push that cannot happen fails now rather than after training."""
-        self.hub_model_id = hub.init_hub_repo(self.args, token=token)
         self.push_in_progress = None
+        if not self.is_world_process_zero():
+            return
+        check_license(self.args.hub_license)
+        private = private if private is not None else self.args.hub_private_repo
+        _, self.hub_model_id = hub.prepare_hub_repo(
+            self._hub_repo_id(), token=token or self.args.hub_token, private=private
+        )
 
     def push_to_hub(
         self,
@@ -423,68 +544,56 @@ class SageGRPOTrainer(GRPOTrainer):
         private: bool | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Save and upload ``output_dir`` (diffusers-format adapter, config, curves, samples, model card).
+        """Upload ``output_dir`` (diffusers-format weights, config and run record, curves, samples, model card).
 
-        Refuses an output folder whose training did not finish. Only the main process uploads.
+        Refuses a run that did not finish. Only the main process uploads. ``kwargs``: ``license``, ``base_model``.
         """
         self.save_model(_internal_call=True)
         if not self.is_world_process_zero():
             return None
-        return hub.push_training_output(
-            self.args,
-            repo_id=getattr(self, "hub_model_id", None),
+        return hub.push_output_dir(
+            self.args.output_dir,
+            self._hub_repo_id(),
+            private=private if private is not None else self.args.hub_private_repo,
+            token=token or self.args.hub_token,
+            license=kwargs.pop("license", None) or self.args.hub_license,
             commit_message=commit_message or "End of training",
-            token=token,
-            private=private,
-            license=kwargs.pop("license", None),
+            revision=revision or self.args.hub_revision,
             **kwargs,
         )
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """Intermediate push of a checkpoint following ``hub_strategy`` (the adapter in the diffusers format)."""
-        hub.push_checkpoint(self.args, checkpoint_folder, repo_id=getattr(self, "hub_model_id", None))
+        """Intermediate push of a checkpoint following ``hub_strategy`` (the weights in the diffusers format)."""
+        if not self.is_world_process_zero() or not self.args.push_to_hub:
+            return
+        hub.push_checkpoint(
+            checkpoint_folder,
+            self._hub_repo_id(),
+            strategy=str(getattr(self.args.hub_strategy, "value", self.args.hub_strategy)),
+            license=self.args.hub_license,
+            token=self.args.hub_token,
+            private=self.args.hub_private_repo,
+            revision=self.args.hub_revision,
+        )
 
-    # -- saving ----------------------------------------------------------------------------------
+    # -- saving (sage_trl.checkpoints) ------------------------------------------------------------
 
     def _save(self, output_dir: str | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Save the adapter (diffusers LoRA format) or the full transformer (diffusers folder) and the config."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        os.makedirs(output_dir, exist_ok=True)
-        if self.peft_config is not None:
-            save_lora_adapter(self.backbone, output_dir, state_dict=state_dict)
-        else:
-            self.backbone.transformer.save_pretrained(
-                os.path.join(output_dir, "transformer"), state_dict=state_dict
-            )
-        config = self.args.to_dict()
-        if self._resolved_reward_weights is not None:
-            config["resolved_reward_weights"] = self._resolved_reward_weights
-        with open(os.path.join(output_dir, CONFIG_FILE), "w") as handle:
-            json.dump(config, handle, indent=2, default=str)
+        checkpoints.save_model_files(self, output_dir or self.args.output_dir, state_dict)
 
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
-        """Write ``checkpoint-N`` atomically: everything goes to a staging folder renamed at the end, so a
-        crash mid-write leaves the previous checkpoint as the latest one."""
-        run_dir = self._get_output_dir(trial=trial)
-        final = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
-        staging = os.path.join(run_dir, f"tmp-checkpoint-{self.state.global_step}")
-        if self.args.should_save and os.path.exists(staging):
-            shutil.rmtree(staging)
-        self.accelerator.wait_for_everyone()
-        self.store_flos()
-        self.save_model(staging, _internal_call=True)
-        _trl_compat.save_trainer_checkpoint_parts(self, staging)
-        if self.args.should_save:
-            torch.save(self._sage_state(), os.path.join(staging, STATE_FILE))
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            _replace_directory(staging, final)
-            if self.args.push_to_hub:
-                self._push_from_checkpoint(final)
-            _trl_compat.rotate_checkpoints(self, run_dir)
-        self.accelerator.wait_for_everyone()
+        """Write ``checkpoint-N`` atomically (`sage_trl.checkpoints.save_checkpoint`)."""
+        checkpoints.save_checkpoint(self, trial)
 
-    def _sage_state(self) -> dict[str, Any]:
+    def _load_from_checkpoint(
+        self, resume_from_checkpoint: str, model: torch.nn.Module | None = None
+    ) -> None:
+        """Restore weights (adapter or transformer) and the trainer's state from ``resume_from_checkpoint``."""
+        checkpoints.load_checkpoint(self, resume_from_checkpoint)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The trainer's own state in a checkpoint (tensors, numbers, strings: saved without pickle)."""
         return {
             "algorithm": self.algorithm.state_dict(),
             "anchor": self.references.anchor.state_dict() if self.references.anchor is not None else None,
@@ -492,30 +601,38 @@ class SageGRPOTrainer(GRPOTrainer):
             "generation_round": self._generation_round,
             "buffered_inputs": self._buffered_inputs,
             "kl_values": list(self._kl_values),
+            "reward_failures": self.reward_failures.state_dict(),
+            "resolved_reward_weights": dict(self.resolved_reward_weights),
         }
 
-    def _load_from_checkpoint(
-        self, resume_from_checkpoint: str, model: torch.nn.Module | None = None
-    ) -> None:
-        """Restore weights (adapter or transformer) and the algorithm state from ``resume_from_checkpoint``."""
-        if self.peft_config is not None:
-            load_lora_state(self.backbone.transformer, resume_from_checkpoint)
-        else:
-            loaded = type(self.backbone.transformer).from_pretrained(
-                os.path.join(resume_from_checkpoint, "transformer")
-            )
-            self.backbone.transformer.load_state_dict(loaded.state_dict())
-        state_path = Path(resume_from_checkpoint) / STATE_FILE
-        if not state_path.is_file():
-            raise ValueError(
-                f"{resume_from_checkpoint} has no {STATE_FILE}; it was not written by SageGRPOTrainer."
-            )
-        state = torch.load(state_path, weights_only=False, map_location=self.accelerator.device)
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Restore `checkpoint_state`."""
         self.algorithm.load_state_dict(state["algorithm"])
         if self.references.anchor is not None:
             self.references.anchor.load_state_dict(state["anchor"])
         self._step, self._generation_round = state["step"], state["generation_round"]
         self._buffered_inputs, self._kl_values = state["buffered_inputs"], state["kl_values"]
+        self.reward_failures.load_state_dict(state["reward_failures"])
+        self.resolved_reward_weights = dict(state["resolved_reward_weights"])
+
+
+def pipeline_class_name(backbone: VideoBackbone) -> str | None:
+    """The registry name (pipeline class) of a backbone's class, None for an unregistered backbone."""
+    target = f"{type(backbone).__module__}:{type(backbone).__name__}"
+    return next((name for name, registered in BACKBONES.items() if registered == target), None)
+
+
+def _check_video_size(args: SageGRPOConfig) -> None:
+    missing = [
+        name
+        for name in ("num_frames", "height", "width", "num_inference_steps")
+        if getattr(args, name) is None
+    ]
+    if missing:
+        raise ValueError(
+            f"{', '.join(missing)} must be set: the model declares no default (see sage_env.models for the models "
+            "that do)."
+        )
 
 
 class _WrappedPolicy:
@@ -529,15 +646,3 @@ class _WrappedPolicy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backbone, name)
-
-
-def _replace_directory(source: str, target: str) -> None:
-    """Move ``source`` to ``target``; an existing ``target`` is removed only after the move is staged."""
-    if os.path.exists(target):
-        retired = f"{target}.old"
-        shutil.rmtree(retired, ignore_errors=True)
-        os.replace(target, retired)
-        os.replace(source, target)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        os.replace(source, target)

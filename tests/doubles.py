@@ -71,10 +71,11 @@ class LinearBackbone(VideoBackbone):
         latents: torch.Tensor,
         sigma: torch.Tensor,
         conditioning: PromptConditioning,
-        guidance_scale: float = 1.0,
+        guidance_scale: float | None = 1.0,
         *,
         transformer: torch.nn.Module | None = None,
     ) -> torch.Tensor:
+        guidance_scale = self.default_guidance_scale if guidance_scale is None else guidance_scale
         module = transformer if transformer is not None else self.transformer
         cond = conditioning.tensors["prompt_embeds"].to(latents.device)
         velocity = module(latents, sigma, cond)

@@ -18,6 +18,7 @@ from sage_env.rewards.base import (
     check_videos,
     resolve_reward_weights,
 )
+from sage_env.rewards.monitor import RewardFailureError, RewardFailureMonitor
 
 _LAZY_EXPORTS = {
     "ClipAlignmentReward": "sage_env.rewards.clip",
@@ -29,6 +30,8 @@ __all__ = [
     "REWARD_PRESETS",
     "ClipAlignmentReward",
     "CompositeReward",
+    "RewardFailureError",
+    "RewardFailureMonitor",
     "RewardFunction",
     "RewardOutput",
     "VideoAlignModel",

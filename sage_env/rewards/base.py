@@ -12,8 +12,9 @@ videos.mean(dim=(1, 2, 3, 4))`` is a reward named ``brightness``.
 ``reward_weights``) and weights their named components into the scalar reward
 ``R = sum_c w_c * S_c`` (paper Eq. 33). A sample whose reward raises or is NaN/inf is marked invalid
 and reported with its reason; its reward is NaN, never silently 0, and learners exclude it from its
-group's advantage. When a reward function fails for every sample of the batch the original error is
-raised.
+group's advantage. A reward function that fails for every sample of a batch makes the whole batch invalid
+(a transient failure, e.g. a reward server restarting, costs one batch); `RewardFailureMonitor` stops a run
+whose rewards keep failing, naming the reward and its last exception.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "as_composite_reward",
     "check_videos",
     "resolve_reward_weights",
+    "reward_name",
 ]
 
 REWARD_PRESETS: dict[str, dict[str, float]] = {
@@ -62,6 +64,7 @@ class RewardOutput:
         valid: ``(B,)`` bool, False where a component with a nonzero weight failed (raised, NaN or inf).
         errors: one entry per sample: None when valid, else the reason.
         weights: the weight of each weighted component (one with weight 0 is listed but enters nothing).
+        failed_calls: how many reward functions raised on the whole batch (each then retried per sample).
     """
 
     total: torch.Tensor
@@ -69,6 +72,7 @@ class RewardOutput:
     valid: torch.Tensor
     errors: list[str | None]
     weights: dict[str, float] = field(default_factory=dict)
+    failed_calls: int = 0
 
     @property
     def num_invalid(self) -> int:
@@ -113,27 +117,28 @@ def check_videos(videos: torch.Tensor, num_prompts: int | None = None) -> None:
         )
 
 
-def _function_name(reward_fn: Callable) -> str:
+def reward_name(reward_fn: Callable) -> str:
+    """The name a reward function's single score is reported under: its ``__name__``, else its class name."""
     return getattr(reward_fn, "__name__", None) or type(reward_fn).__name__
 
 
 def _as_scores(raw: Any, reward_fn: Callable, batch_size: int) -> dict[str, torch.Tensor]:
     """Normalise one function's output to ``{name: (B,) float32 tensor}``; raise ``ValueError`` on bad shapes."""
-    named = raw if isinstance(raw, Mapping) else {_function_name(reward_fn): raw}
+    named = raw if isinstance(raw, Mapping) else {reward_name(reward_fn): raw}
     if not named:
-        raise ValueError(f"Reward {_function_name(reward_fn)!r} returned no components; return at least one.")
+        raise ValueError(f"Reward {reward_name(reward_fn)!r} returned no components; return at least one.")
     scores = {}
     for name, value in named.items():
         try:
             tensor = torch.as_tensor(value, dtype=torch.float32).detach().cpu().reshape(-1)
         except (TypeError, ValueError, RuntimeError) as error:
             raise ValueError(
-                f"Reward {_function_name(reward_fn)!r} returned {type(value).__name__} for component {name!r}; "
+                f"Reward {reward_name(reward_fn)!r} returned {type(value).__name__} for component {name!r}; "
                 "return a (B,) tensor, array or list of floats."
             ) from error
         if tensor.shape != (batch_size,):
             raise ValueError(
-                f"Reward {_function_name(reward_fn)!r} returned {tuple(tensor.shape)} values for component "
+                f"Reward {reward_name(reward_fn)!r} returned {tuple(tensor.shape)} values for component "
                 f"{name!r}; expected one score per video ({batch_size})."
             )
         scores[str(name)] = tensor
@@ -161,7 +166,7 @@ def resolve_reward_weights(
     if reward_weights is None:
         defaults = dict(REWARD_PRESETS["setting_b"])
         for reward_fn in reward_funcs:
-            defaults.setdefault(_function_name(reward_fn), 1.0)
+            defaults.setdefault(reward_name(reward_fn), 1.0)
         return defaults
     if isinstance(reward_weights, str):
         if reward_weights not in REWARD_PRESETS:
@@ -182,10 +187,12 @@ def resolve_reward_weights(
 
 @dataclass
 class _FunctionScores:
-    """What one reward function gave for a batch: its components and, per sample, why it failed (or None)."""
+    """What one reward function gave for a batch: its components, per sample why it failed (or None), and
+    whether the batch call raised (counted in `RewardOutput.failed_calls`)."""
 
     scores: dict[str, torch.Tensor]
     failures: list[str | None]
+    batch_failed: bool = False
 
 
 class CompositeReward:
@@ -215,7 +222,7 @@ class CompositeReward:
         funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
         if not funcs or not all(callable(f) for f in funcs):
             raise ValueError("reward_funcs must be a callable or a non-empty list of callables.")
-        names = [_function_name(f) for f in funcs]
+        names = [reward_name(f) for f in funcs]
         if len(set(names)) != len(names):
             raise ValueError(f"Reward functions need distinct names, got {names}; set __name__ on each.")
         self.reward_funcs = funcs
@@ -229,20 +236,25 @@ class CompositeReward:
         check_videos(videos, len(prompts))
         results = [self._call_robustly(f, videos, list(prompts), fps) for f in self.reward_funcs]
         components: dict[str, torch.Tensor] = {}
-        failure_of: dict[str, list[str | None]] = {}
         for result in results:
             overlap = sorted(components.keys() & result.scores.keys())
             if overlap:
                 raise ValueError(f"Two reward functions produced the component(s) {overlap}; rename one.")
             components.update(result.scores)
-            failure_of.update(dict.fromkeys(result.scores, result.failures))
-        weights = self._component_weights([result.scores for result in results])
+        weights = self._component_weights(results)
         active = {name: weight for name, weight in weights.items() if weight != 0}
-        reasons = [_invalid_reason(row, components, active, failure_of) for row in range(videos.shape[0])]
+        reasons = [_invalid_reason(row, components, active, results) for row in range(videos.shape[0])]
         valid = torch.tensor([reason is None for reason in reasons], dtype=torch.bool)
         total = sum((weight * components[name] for name, weight in active.items()), torch.zeros(len(reasons)))
         total = torch.where(valid, total, torch.full_like(total, math.nan))
-        return RewardOutput(total=total, components=components, valid=valid, errors=reasons, weights=weights)
+        return RewardOutput(
+            total=total,
+            components=components,
+            valid=valid,
+            errors=reasons,
+            weights=weights,
+            failed_calls=sum(result.batch_failed for result in results),
+        )
 
     def _call_robustly(
         self, reward_fn: Callable, videos: torch.Tensor, prompts: list[str], fps: float
@@ -255,9 +267,9 @@ class CompositeReward:
         batch_size = videos.shape[0]
         try:
             raw = reward_fn(videos, prompts, fps=fps)
-        except Exception:
+        except Exception as error:
             if batch_size == 1:
-                raise
+                return _FunctionScores({}, [_failure(reward_fn, error)], batch_failed=True)
             return self._call_per_sample(reward_fn, videos, prompts, fps)
         return _FunctionScores(_as_scores(raw, reward_fn, batch_size), [None] * batch_size)
 
@@ -265,76 +277,84 @@ class CompositeReward:
     def _call_per_sample(
         reward_fn: Callable, videos: torch.Tensor, prompts: list[str], fps: float
     ) -> _FunctionScores:
-        name = _function_name(reward_fn)
         rows: list[dict[str, torch.Tensor] | None] = []
         failures: list[str | None] = []
-        first_error: Exception | None = None
         for index in range(videos.shape[0]):
             try:
                 raw = reward_fn(videos[index : index + 1], prompts[index : index + 1], fps=fps)
             except Exception as error:
-                first_error = first_error or error
                 rows.append(None)
-                failures.append(f"reward {name!r} raised {type(error).__name__}: {error}")
+                failures.append(_failure(reward_fn, error))
                 continue
             rows.append(_as_scores(raw, reward_fn, 1))
             failures.append(None)
         succeeded = [row for row in rows if row is not None]
-        if not succeeded:
-            # Every sample fails on its own too: the reward itself is broken, surface its error.
-            raise first_error
+        if not succeeded:  # every sample failed on its own too: no scores, every sample invalid
+            return _FunctionScores({}, failures, batch_failed=True)
         names = list(succeeded[0])
         if any(list(row) != names for row in succeeded):
-            raise ValueError(f"Reward {name!r} returned different component names for different samples.")
+            raise ValueError(
+                f"Reward {reward_name(reward_fn)!r} returned different component names for different samples."
+            )
         nan = torch.tensor([math.nan])
         scores = {key: torch.cat([row[key] if row is not None else nan for row in rows]) for key in names}
-        return _FunctionScores(scores, failures)
+        return _FunctionScores(scores, failures, batch_failed=True)
 
-    def _component_weights(self, function_scores: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    def _component_weights(self, results: list[_FunctionScores]) -> dict[str, float]:
         if isinstance(self.reward_weights, list):
-            return self._per_function_weights(function_scores)
-        produced = {name for scores in function_scores for name in scores}
+            return self._per_function_weights(results)
+        produced = {name for result in results for name in result.scores}
+        # A function that failed on every sample produced no names: its weights cannot be checked this time.
+        complete = all(result.scores for result in results)
         missing = sorted(set(self.reward_weights) - produced)
-        if self._weights_are_explicit and missing:
+        if self._weights_are_explicit and missing and complete:
             raise ValueError(
                 f"reward_weights names {missing} but the reward functions produced only {sorted(produced)}; "
                 "fix the names or drop those weights."
             )
         weights = {name: w for name, w in self.reward_weights.items() if name in produced}
-        if not weights:
+        if not weights and complete:
             raise ValueError(
                 f"None of the reward components {sorted(produced)} has a weight in reward_weights "
                 f"{self.reward_weights}; name at least one of them."
             )
         return weights
 
-    def _per_function_weights(self, function_scores: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    def _per_function_weights(self, results: list[_FunctionScores]) -> dict[str, float]:
         weights = {}
-        for reward_fn, scores, weight in zip(self.reward_funcs, function_scores, self.reward_weights):
-            if len(scores) != 1:
+        for reward_fn, result, weight in zip(self.reward_funcs, results, self.reward_weights):
+            if not result.scores:
+                continue  # failed on every sample: its samples are invalid anyway
+            if len(result.scores) != 1:
                 raise ValueError(
-                    f"Reward {_function_name(reward_fn)!r} returns several components {sorted(scores)}; "
+                    f"Reward {reward_name(reward_fn)!r} returns several components {sorted(result.scores)}; "
                     "give reward_weights as a {component: weight} mapping instead of a list."
                 )
-            weights[next(iter(scores))] = weight
+            weights[next(iter(result.scores))] = weight
         return weights
 
 
+def _failure(reward_fn: Callable, error: Exception) -> str:
+    return f"reward {reward_name(reward_fn)!r} raised {type(error).__name__}: {error}"
+
+
 def _invalid_reason(
-    row: int,
-    components: dict[str, torch.Tensor],
-    weights: dict[str, float],
-    failure_of: dict[str, list[str | None]],
+    row: int, components: dict[str, torch.Tensor], weights: dict[str, float], results: list[_FunctionScores]
 ) -> str | None:
-    """Why sample ``row`` is invalid (a weighted component raised or is NaN/inf), or None when it is valid."""
+    """Why sample ``row`` is invalid (a reward function failed on it, or a weighted component is NaN/inf), or
+    None when it is valid. A function's failure on a sample only counts when it feeds the total: when it has a
+    weighted component, or produced no components at all (its weights cannot be known)."""
     reasons: list[str] = []
+    for result in results:
+        feeds_total = not result.scores or any(name in weights for name in result.scores)
+        failure = result.failures[row]
+        if failure is not None and feeds_total and failure not in reasons:
+            reasons.append(failure)
     for name in weights:
         value = components[name][row].item()
-        if math.isfinite(value):
-            continue
-        reason = failure_of[name][row] or f"component {name!r} is {value}"
-        if reason not in reasons:
-            reasons.append(reason)
+        owner = next(result for result in results if name in result.scores)
+        if not math.isfinite(value) and owner.failures[row] is None:  # a raise is already the reason
+            reasons.append(f"component {name!r} is {value}")
     return "; ".join(reasons) if reasons else None
 
 

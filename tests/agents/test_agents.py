@@ -106,7 +106,7 @@ def test_published_defaults_of_the_built_in_algorithms() -> None:
         True,
         1e-4,
     )
-    assert (sage.beta_pos, sage.beta_vel, sage.anchor_update_steps, sage.kl_coef_min, sage.kl_coef_max) == (
+    assert (sage.beta_pos, sage.beta_vel, sage.anchor_update_steps, sage.kl_coef_min, sage.beta) == (
         1.0,
         0.1,
         10,
@@ -117,3 +117,62 @@ def test_published_defaults_of_the_built_in_algorithms() -> None:
     assert (dance.sde, dance.kl_strategy, dance.timestep_fraction) == ("dance_grpo", "none", 0.6)
     assert (cps.sde, cps.log_prob_kind) == ("cps", "cps")
     assert configs["reinforce"].epsilon is None and configs["ddpo"].stat_buffer_size == 16
+
+
+# -- env and agent agree on the SDE by construction --------------------------------------------------------
+
+
+REGISTERED_ENVS = ("sage_env/Toy-v0", "sage_env/Wan-v0", "sage_env/HunyuanVideo15-v0")
+
+
+def make_registered(env_id: str, request: pytest.FixtureRequest):
+    import gymnasium as gym
+
+    from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE
+
+    if env_id == "sage_env/Toy-v0":
+        return gym.make_vec(env_id, num_envs=4, group_size=2)
+    path = request.getfixturevalue("tiny_wan_path" if "Wan" in env_id else "tiny_hunyuan_path")
+    return gym.make_vec(
+        env_id, num_envs=2, group_size=2, backbone=str(path), reward_fn=mean_brightness, prompts=["a"],
+        num_steps=2, **TINY_VIDEO_SIZE,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("env_id", REGISTERED_ENVS)
+def test_an_agent_made_for_an_env_takes_its_sde_settings(env_id: str, request: pytest.FixtureRequest) -> None:
+    envs = make_registered(env_id, request)
+    for name in ALGORITHM_CONFIGS:
+        agent = agents.make(name, env=envs)
+        assert agents.rollout_settings(envs) == {k: getattr(agent.config, k) for k in agents.ROLLOUT_SETTINGS}
+        assert agent.policy is envs.unwrapped.backbone
+    explicit = agents.make("flow_grpo", env=envs, eta=0.2)  # explicit values win...
+    assert explicit.config.eta == 0.2
+
+
+def test_the_readme_loop_trains_every_algorithm_on_the_toy_env() -> None:
+    import gymnasium as gym
+
+    envs = gym.make_vec("sage_env/Toy-v0", num_envs=4, group_size=2)
+    for name in sorted(ALGORITHM_CONFIGS):
+        agent = agents.make(name, env=envs, learning_rate=3e-3, micro_batch_size=64)
+        observation, _ = envs.reset(seed=0)
+        while True:
+            observation, _, terminated, _, _ = envs.step(agent.act(observation))
+            if terminated.all():
+                break
+        assert "train/policy_loss" in agent.update(envs.unwrapped.trajectory), name
+
+
+def test_a_genuine_mismatch_is_still_refused() -> None:
+    import gymnasium as gym
+
+    envs = gym.make_vec("sage_env/Toy-v0", num_envs=4, group_size=2)
+    agent = agents.make("sage_grpo", env=envs, eta=0.3)  # ...and a trajectory sampled otherwise is refused
+    observation, _ = envs.reset(seed=0)
+    while True:
+        observation, _, terminated, _, _ = envs.step(agent.act(observation))
+        if terminated.all():
+            break
+    with pytest.raises(ValueError, match=r"eta=0.7.*expects.*eta=0.3"):
+        agent.update(envs.unwrapped.trajectory)

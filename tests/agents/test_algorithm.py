@@ -102,7 +102,7 @@ def test_policy_loss_equals_hand_computation(equalizer: bool) -> None:
 @pytest.mark.parametrize("strategy", ["none", "fixed", "stepwise", "moving", "dual"])
 def test_kl_strategies_change_the_loss_as_the_formulas_say(strategy: str) -> None:
     config = AlgorithmConfig(
-        kl_strategy=strategy, kl_coef_schedule="constant", kl_coef_max=0.3, epsilon=None, equalizer=False
+        kl_strategy=strategy, kl_coef_schedule="constant", beta=0.3, epsilon=None, equalizer=False
     )
     backbone, algorithm, _, batch = prepared(config)
     initial = copy.deepcopy(backbone)
@@ -187,9 +187,9 @@ def test_trajectory_from_another_sde_is_refused() -> None:
     [
         ({"kl_strategy": "forward"}, "kl_strategy"),
         ({"epsilon": 1.5}, "epsilon"),
-        ({"sde": "ode"}, "no exploration"),
+        ({"sde": "ode"}, "injects no noise"),
         ({"timestep_fraction": 0}, "timestep_fraction"),
-        ({"kl_coef_min": 1.0, "kl_coef_max": 0.1}, "kl_coef_min"),
+        ({"kl_coef_min": 1.0, "beta": 0.1}, "kl_coef_min"),
         ({"scale_rewards": "token"}, "scale_rewards"),
         ({"micro_batch_size": 0}, "micro_batch_size"),
     ],

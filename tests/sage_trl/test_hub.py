@@ -17,27 +17,20 @@ import torch
 from huggingface_hub import ModelCard, constants
 from peft import LoraConfig
 from PIL import Image
-from transformers.trainer_utils import HubStrategy
 
 from sage_trl import SageGRPOConfig, SageGRPOTrainer
-from sage_trl import trainer as trainer_module
 from sage_trl.hub import (
-    ADAPTER_INFO_FILE,
-    TRAINING_COMPLETE_FILE,
     HubPushError,
     build_upload_folder,
-    check_output_dir,
-    init_hub_repo,
-    mark_training_complete,
     push_checkpoint,
     push_main,
     push_output_dir,
-    push_training_output,
-    read_run,
     render_model_card,
-    resolve_base_model,
 )
-from sage_trl.lora import LORA_WEIGHT_NAME
+from sage_trl.hub.card import ADAPTER_INFO_FILE, resolve_base_model
+from sage_trl.hub.upload import finished_run
+from sage_trl.run_folder import RunFolder, layout, read_run
+from sage_trl.run_folder.layout import COMPLETE_FILE, LORA_WEIGHT_NAME
 from tests.doubles import LinearBackbone, LinearVideoModel, mean_brightness
 from tests.fixtures.hub_server import FakeHub
 
@@ -86,8 +79,15 @@ def tiny_args(output_dir: Path, **kwargs) -> SageGRPOConfig:
     return SageGRPOConfig(**values)
 
 
+def record_pipeline(run_dir: Path, pipeline_class: str) -> None:
+    """The tiny analytic backbone has no diffusers pipeline: record the one a Wan run would have."""
+    config = json.loads((run_dir / layout.CONFIG_FILE).read_text())
+    config["run"]["base_model"]["pipeline_class"] = pipeline_class
+    (run_dir / layout.CONFIG_FILE).write_text(json.dumps(config))
+
+
 def write_run_outputs(run_dir: Path, trainer: SageGRPOTrainer) -> None:
-    """What sage-train writes next to the weights: metrics, curves, samples, evaluation, marker."""
+    """What sage-train writes next to the weights: metrics, curves, samples, evaluation."""
     records = [{"step": h["step"], **h} for h in trainer.state.log_history if "loss" in h]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     for name, colour in (("reward_total.png", "red"), ("reward_mean_brightness.png", "blue")):
@@ -98,7 +98,7 @@ def write_run_outputs(run_dir: Path, trainer: SageGRPOTrainer) -> None:
     )
     (run_dir / "eval_results.json").write_text(json.dumps(EVAL_RESULTS))
     (run_dir / "summary.md").write_text("| component | before | after | change |\n|---|---|---|---|\n")
-    mark_training_complete(run_dir, trainer.state.global_step, trainer.args.max_steps)
+    record_pipeline(run_dir, "WanPipeline")
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +114,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[SageGRPOTrainer, 
             r=2, lora_alpha=4, target_modules=["mix", "prompt_proj"], init_lora_weights="gaussian"
         ),
     )
-    trainer.train()
-    trainer.save_model(str(run_dir))
+    trainer.train()  # saves the final adapter and writes training_complete.json
     write_run_outputs(run_dir, trainer)
     return trainer, run_dir
 
@@ -225,32 +224,34 @@ def test_card_falls_back_to_the_last_logged_rewards(run_dir: Path, tmp_path: Pat
 
 def test_card_usage_snippet_follows_the_pipeline(run_dir: Path) -> None:
     run = read_run(run_dir)
-    run.config["model_name_or_path"] = "toy"
+    run.run["base_model"] = {"name_or_path": "toy", "pipeline_class": "toy", "hub_id": None}
     toy = render_model_card(run, repo_id=REPO, license="mit")
     assert 'load_backbone("toy")' in toy.text and "backbone.load_lora_weights(snapshot_download(" in toy.text
     assert toy.data.base_model is None and toy.data.to_dict().get("base_model_relation") is None
     assert "toy-world" in toy.data.tags
-    run.config["model_name_or_path"] = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"
+    hunyuan_id = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"
+    run.run["base_model"] = {
+        "name_or_path": hunyuan_id,
+        "pipeline_class": "HunyuanVideo15Pipeline",
+        "hub_id": hunyuan_id,
+    }
     hunyuan = render_model_card(run, repo_id=REPO, license="mit")
     assert "HunyuanVideo15Pipeline.from_pretrained(" in hunyuan.text
     assert (
         f'pipe.transformer.load_lora_adapter(\n    "{REPO}", prefix="transformer", weight_name="{LORA_WEIGHT_NAME}"'
         in (hunyuan.text)
     )
-    assert hunyuan.data.base_model == "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"
+    assert hunyuan.data.base_model == hunyuan_id
 
 
-def test_base_model_resolution(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    assert resolve_base_model({"model_name_or_path": "toy"}) is None
-    assert resolve_base_model({"model_name_or_path": WAN_ID}) == WAN_ID
-    assert resolve_base_model({"model_name_or_path": "toy"}, base_model=WAN_ID) == WAN_ID
-    local = tmp_path / "wan"
-    local.mkdir()
-    with caplog.at_level(logging.WARNING, logger="sage_trl.hub"):
-        assert resolve_base_model({"model_name_or_path": str(local)}) is None
-    assert "pass base_model" in caplog.text
+def test_base_model_resolution(run_dir: Path, tmp_path: Path) -> None:
+    run = read_run(run_dir)
+    assert resolve_base_model(run) == WAN_ID  # what the run recorded
+    assert resolve_base_model(run, base_model="org/other") == "org/other"  # an explicit id wins
+    run.run["base_model"] = {"name_or_path": str(tmp_path), "pipeline_class": "WanPipeline", "hub_id": None}
+    assert resolve_base_model(run) is None  # a plain local folder: the card asks for base_model
     with pytest.raises(ValueError, match="Hub model id"):
-        resolve_base_model({}, base_model="/data/wan")
+        resolve_base_model(run, base_model="/data/wan")
 
 
 def test_full_fine_tuning_uploads_the_transformer_folder(tmp_path: Path) -> None:
@@ -258,8 +259,9 @@ def test_full_fine_tuning_uploads_the_transformer_folder(tmp_path: Path) -> None
     model = LinearVideoModel()
     model.save_pretrained(output / "transformer")
     config = {"model_name_or_path": "toy", "algorithm": "flow_grpo", "sde": "flow_grpo", "num_generations": 4}
+    config["run"] = {"base_model": {"name_or_path": "toy", "pipeline_class": "toy", "hub_id": None}}
     (output / "sage_config.json").write_text(json.dumps(config))
-    mark_training_complete(output, 3)
+    RunFolder(output).mark_complete(3, 3)
     folder = push_output_dir(output, "tester/full", license="mit", dry_run_dir=tmp_path / "dry")
     assert set(folder_bytes(folder)) == {
         "transformer/config.json",
@@ -286,12 +288,6 @@ def test_a_token_in_the_config_never_reaches_the_upload(run_dir: Path, tmp_path:
     folder = build_upload_folder(leaky, tmp_path / "up", repo_id=REPO, license="mit")
     assert json.loads((folder / "sage_config.json").read_text())["hub_token"] == "<HUB_TOKEN>"
     assert all(b"hf_secret_value" not in content for content in folder_bytes(folder).values())
-
-
-def test_config_file_name_matches_the_trainer() -> None:
-    from sage_trl import hub
-
-    assert hub.CONFIG_FILE == trainer_module.CONFIG_FILE
 
 
 def test_the_template_ships_with_the_package() -> None:
@@ -430,16 +426,14 @@ def test_a_folder_that_cannot_be_published_creates_no_repo(run_dir: Path, hub: F
 
 
 def test_refuses_an_unfinished_run(run_dir: Path, tmp_path: Path, hub: FakeHub) -> None:
-    unfinished = copy_run(
-        run_dir, tmp_path / "unfinished", skip=(TRAINING_COMPLETE_FILE, "eval_results.json")
-    )
+    unfinished = copy_run(run_dir, tmp_path / "unfinished", skip=(COMPLETE_FILE, "eval_results.json"))
     with pytest.raises(ValueError, match="did not finish"):
         push_output_dir(unfinished, REPO, token="hf_write", license="mit", endpoint=hub.url)
     with pytest.raises(ValueError, match="did not finish"):
         push_output_dir(unfinished, REPO, license="mit", dry_run_dir=tmp_path / "dry")
     assert hub.requests == []
-    mark_training_complete(unfinished, 2)
-    assert check_output_dir(unfinished).global_step == 2
+    RunFolder(unfinished).mark_complete(2, 2)
+    assert finished_run(unfinished).global_step == 2
 
 
 def test_refuses_weights_without_lora_metadata(run_dir: Path, tmp_path: Path) -> None:
@@ -507,41 +501,46 @@ def test_sage_push_errors_exit_non_zero_with_one_line(tmp_path: Path, run_dir: P
 # ------------------------------------------------------------------------------------------
 
 
-def trainer_args(trainer: SageGRPOTrainer, **attributes) -> SageGRPOConfig:
-    """A copy of the trainer's args with hub attributes set (the module's trainer stays untouched)."""
+def hub_trainer(
+    trainer: SageGRPOTrainer, monkeypatch: pytest.MonkeyPatch, hub: FakeHub, **attributes
+) -> SageGRPOTrainer:
+    """The module's trainer with hub attributes set for this test only, pointed at the fake Hub."""
     args = copy.copy(trainer.args)
     for name, value in {"hub_token": "hf_write", "hub_model_id": "tester/from-trainer", **attributes}.items():
         setattr(args, name, value)
-    return args
+    monkeypatch.setattr(trainer, "args", args)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    return trainer
 
 
-def test_push_training_output_follows_trainer_conventions(
+def test_push_to_hub_follows_trainer_conventions(
     trained: tuple[SageGRPOTrainer, Path], hub: FakeHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    args = trainer_args(trained[0], hub_private_repo=True, hub_license="apache-2.0")
-    commit = push_training_output(args, endpoint=hub.url)
+    trainer = hub_trainer(trained[0], monkeypatch, hub, hub_private_repo=True, hub_license="apache-2.0")
+    commit = trainer.push_to_hub()
     repo = hub.repos["tester/from-trainer"]
     assert repo.private and repo.commits[-1][0] == "End of training" and commit.oid == repo.head
     assert set(repo.files) == UPLOADED
-    args.hub_model_id = None  # transformers' default: the output folder's name in the token's namespace
-    push_training_output(args, endpoint=hub.url)
+    trainer.args.hub_model_id = (
+        None  # transformers' default: the output folder's name in the token's namespace
+    )
+    trainer.push_to_hub()
     assert "tester/run" in hub.repos
-    monkeypatch.setattr(SageGRPOConfig, "process_index", property(lambda self: 1))
-    requests = len(hub.requests)
-    assert push_training_output(args, endpoint=hub.url) is None and len(hub.requests) == requests
 
 
-def test_init_hub_repo_checks_everything_before_training(
+def test_init_hf_repo_checks_everything_before_training(
     trained: tuple[SageGRPOTrainer, Path], hub: FakeHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    args = trainer_args(trained[0])
+    trainer = hub_trainer(trained[0], monkeypatch, hub)
+    monkeypatch.delattr(trainer, "hub_model_id", raising=False)
     with pytest.raises(ValueError, match="license is required"):
-        init_hub_repo(args, endpoint=hub.url)
-    assert init_hub_repo(args, license="mit", endpoint=hub.url) == "tester/from-trainer"
-    assert hub.repos["tester/from-trainer"].files == {}
+        trainer.init_hf_repo()
+    trainer.args.hub_license = "mit"
+    trainer.init_hf_repo()
+    assert trainer.hub_model_id == "tester/from-trainer" and hub.repos["tester/from-trainer"].files == {}
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(HubPushError, match="offline"):
-        init_hub_repo(args, license="mit", endpoint=hub.url)
+        trainer.init_hf_repo()
 
 
 @pytest.mark.parametrize(
@@ -551,10 +550,11 @@ def test_init_hub_repo_checks_everything_before_training(
 def test_push_checkpoint_follows_hub_strategy(
     trained: tuple[SageGRPOTrainer, Path], hub: FakeHub, strategy: str, folder: str | None
 ) -> None:
-    trainer, run_dir = trained
-    args = trainer_args(trainer, push_to_hub=True, hub_strategy=HubStrategy(strategy), hub_license="mit")
-    checkpoint = run_dir / "checkpoint-2"
-    commits = push_checkpoint(args, checkpoint, endpoint=hub.url, raise_on_error=True)
+    checkpoint = trained[1] / "checkpoint-2"
+    commits = push_checkpoint(
+        checkpoint, "tester/from-trainer", strategy=strategy, license="mit", token="hf_write", endpoint=hub.url,
+        raise_on_error=True,
+    )  # fmt: skip
     files = hub.files("tester/from-trainer")
     assert len(commits) == (1 if folder is None else 2)
     assert files[LORA_WEIGHT_NAME] == (checkpoint / LORA_WEIGHT_NAME).read_bytes()
@@ -571,17 +571,15 @@ def test_push_checkpoint_follows_hub_strategy(
 def test_push_checkpoint_skips_end_strategy_and_survives_failures(
     trained: tuple[SageGRPOTrainer, Path], hub: FakeHub, monkeypatch: pytest.MonkeyPatch, caplog
 ) -> None:
-    trainer, run_dir = trained
-    checkpoint = run_dir / "checkpoint-2"
-    end = trainer_args(trainer, push_to_hub=True, hub_strategy=HubStrategy.END, hub_license="mit")
-    assert push_checkpoint(end, checkpoint, endpoint=hub.url) == [] and hub.requests == []
-    args = trainer_args(trainer, push_to_hub=True, hub_strategy=HubStrategy.EVERY_SAVE, hub_license="mit")
+    checkpoint = trained[1] / "checkpoint-2"
+    options = {"license": "mit", "token": "hf_write", "endpoint": hub.url}
+    assert push_checkpoint(checkpoint, REPO, strategy="end", **options) == [] and hub.requests == []
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with caplog.at_level(logging.WARNING, logger="sage_trl.hub"):
-        assert push_checkpoint(args, checkpoint, endpoint=hub.url) == []
+    with caplog.at_level(logging.WARNING, logger="sage_trl.hub.upload"):
+        assert push_checkpoint(checkpoint, REPO, strategy="every_save", **options) == []
     assert "Intermediate push" in caplog.text and "offline" in caplog.text
     with pytest.raises(HubPushError, match="offline"):
-        push_checkpoint(args, checkpoint, endpoint=hub.url, raise_on_error=True)
+        push_checkpoint(checkpoint, REPO, strategy="every_save", raise_on_error=True, **options)
 
 
 # ------------------------------------------------------------------------------------------
@@ -610,8 +608,6 @@ def test_uploaded_adapter_loads_into_a_tiny_wan_pipeline(
         peft_config=LoraConfig(r=2, lora_alpha=4, init_lora_weights="gaussian"),
     )
     trainer.train()
-    trainer.save_model(str(output))
-    mark_training_complete(output, trainer.state.global_step)
     push_output_dir(
         output, "tester/wan-lora", token="hf_write", license="apache-2.0", endpoint=hub.url, base_model=WAN_ID
     )

@@ -87,8 +87,15 @@ def find_videoalign_checkpoint(path: str | os.PathLike, step: int | None = None)
         )
     if not tokenizer_path.is_dir():
         raise FileNotFoundError(f"Tokenizer folder {tokenizer_path} not found.")
-    with config_path.open(encoding="utf-8") as file:
-        model_config = json.load(file)
+    try:
+        with config_path.open(encoding="utf-8") as file:
+            model_config = json.load(file)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{config_path} is not valid JSON ({error}); restore model_config.json from the release."
+        ) from error
+    if not isinstance(model_config, dict):
+        raise ValueError(f"{config_path} must hold a JSON object, got {type(model_config).__name__}.")
     return VideoAlignCheckpoint(root, step, weights_path, tokenizer_path, model_config)
 
 

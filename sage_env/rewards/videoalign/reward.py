@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -180,8 +182,7 @@ class VideoAlignReward:
     def load(self) -> VideoAlignModel:
         """Read, convert and merge the checkpoint's weights onto ``self.device`` (once)."""
         if self.model is None:
-            # mmap keeps the stored tensors file-backed: each is copied once, already in the target dtype.
-            raw = torch.load(self.checkpoint.weights_path, map_location="cpu", weights_only=True, mmap=True)
+            raw = _read_weights(self.checkpoint.weights_path)
             settings = self.settings
             state_dict = convert_videoalign_state_dict(
                 raw, settings.lora_alpha, settings.lora_rank, settings.use_rslora, dtype=self.dtype
@@ -370,4 +371,18 @@ def _required_fps(fps: float | None) -> float:
         raise ValueError(
             "Pass fps=, the frame rate of the videos: VideoAlign samples frames at ~2 per second."
         )
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
+        raise ValueError(f"fps must be a finite frame rate > 0, got {fps!r}.")
     return float(fps)
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """``model.pth`` read without unpickling code (``weights_only``), memory-mapped; a damaged file says so."""
+    try:
+        # mmap keeps the stored tensors file-backed: each is copied once, already in the target dtype.
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError) as error:
+        raise ValueError(
+            f"{path} cannot be read as VideoAlign weights ({type(error).__name__}: {str(error)[:200]}); it is "
+            "damaged or not a released checkpoint (objects other than tensors are refused)."
+        ) from error

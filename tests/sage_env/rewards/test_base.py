@@ -10,6 +10,8 @@ import torch
 from sage_env.rewards import (
     REWARD_PRESETS,
     CompositeReward,
+    RewardFailureError,
+    RewardFailureMonitor,
     RewardFunction,
     RewardOutput,
     as_composite_reward,
@@ -227,17 +229,39 @@ def test_non_finite_videos_pass_the_check_and_end_invalid() -> None:
     assert output.errors[3] == "component 'brightness' is nan"
 
 
-def test_whole_batch_failure_reraises_the_original_error() -> None:
+def test_whole_batch_failure_marks_every_sample_invalid_and_counts_the_call() -> None:
     class ModelCrashError(RuntimeError):
         pass
 
     def broken(videos: torch.Tensor, prompts: list[str], **kwargs: object) -> torch.Tensor:
         raise ModelCrashError("out of memory")
 
-    with pytest.raises(ModelCrashError, match="out of memory"):
-        CompositeReward(broken)(_videos(), _prompts())
-    with pytest.raises(ModelCrashError, match="out of memory"):
-        CompositeReward(broken)(_videos(1), _prompts(1))
+    for size in (BATCH, 1):
+        output = CompositeReward(broken)(_videos(size), _prompts(size))
+        assert not output.valid.any() and output.total.isnan().all()
+        assert output.failed_calls == 1
+        assert output.errors == ["reward 'broken' raised ModelCrashError: out of memory"] * size
+
+
+def test_failure_of_one_function_keeps_the_weights_of_the_others() -> None:
+    def broken(videos: torch.Tensor, prompts: list[str], **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("server down")
+
+    output = CompositeReward([brightness, broken], {"brightness": 1.0, "broken": 1.0})(_videos(), _prompts())
+    assert not output.valid.any()
+    assert output.weights == {"brightness": 1.0}
+    assert output.components["brightness"].isfinite().all()
+
+
+def test_monitor_tolerates_single_failures_and_stops_on_consecutive_ones() -> None:
+    monitor = RewardFailureMonitor(2)
+    monitor.observe(0, 4, ["reward 'x' raised OSError: gone"] * 4)
+    monitor.observe(3, 4, [None] * 4)  # a good rollout resets the count
+    monitor.observe(0, 4, ["reward 'x' raised OSError: gone"] * 4)
+    with pytest.raises(RewardFailureError, match=r"2 consecutive rollouts.*reward 'x' raised OSError: gone"):
+        monitor.observe(0, 4, ["reward 'x' raised OSError: gone"] * 4)
+    with pytest.raises(ValueError, match="max_consecutive_reward_failures"):
+        RewardFailureMonitor(0)
 
 
 def test_per_sample_fallback_calls_each_sample_once() -> None:

@@ -1,0 +1,173 @@
+"""How `SageGRPOTrainer` saves and restores itself: the final model, atomic checkpoints, state without pickle.
+
+* The model: a LoRA adapter in the diffusers format (``pytorch_lora_weights.safetensors``) or, after full
+  fine-tuning, the transformer as a diffusers folder; beside it ``sage_config.json``, the resolved config and
+  the run record (base model, reward functions and their resolved weights, dataset).
+* A checkpoint adds transformers' optimizer, scheduler, RNG and trainer state, and the trainer's own state
+  (algorithm counters, KL controller, moving anchor, reward-failure count, the buffered rollout) as JSON plus
+  safetensors (`sage_trl.run_folder.save_state`): resuming a checkpoint never unpickles anything of ours, and
+  transformers loads its files with ``weights_only=True``.
+* Everything of a checkpoint is written into ``tmp-checkpoint-N`` and renamed to ``checkpoint-N`` at the end,
+  so a crash or a full disk mid-write leaves the previous checkpoint as the latest one; a full disk is reported
+  in plain words (`sage_trl.run_folder.writes`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
+from sage_env.rewards.base import reward_name
+from sage_trl import _trl_compat
+from sage_trl.lora import load_lora_state, save_lora_adapter
+from sage_trl.run_folder import RunFolder, layout, load_state, save_state
+from sage_trl.run_folder.writes import guarded_write
+
+if TYPE_CHECKING:
+    from sage_trl.trainer import SageGRPOTrainer
+
+__all__ = ["load_checkpoint", "load_model_weights", "run_record", "save_checkpoint", "save_model_files"]
+
+
+def _library_version() -> str:
+    try:
+        return importlib.metadata.version("sage-grpo")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _hub_id(name_or_path: str | None) -> str | None:
+    """The Hub id a run's model came from: the id itself, or the repo of a Hub cache folder; None for the toy or
+    a plain local folder (the card then asks for ``base_model``)."""
+    if not name_or_path or name_or_path == "toy":
+        return None
+    match = re.search(r"models--([^/]+)--([^/]+)/snapshots/", str(Path(name_or_path).resolve()))
+    if match:
+        return f"{match.group(1)}/{match.group(2)}"
+    if Path(name_or_path).exists() or name_or_path.count("/") != 1:
+        return None
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        return None
+    return name_or_path
+
+
+def _reward_source(reward_fn: Any) -> str:
+    described = getattr(reward_fn, "reward_model_description", None)
+    if isinstance(described, str):
+        return described
+    kind = reward_fn if callable(reward_fn) and hasattr(reward_fn, "__qualname__") else type(reward_fn)
+    return f"{kind.__module__}:{kind.__qualname__}"
+
+
+def run_record(trainer: SageGRPOTrainer) -> dict[str, Any]:
+    """The ``run`` block of ``sage_config.json``: what the run trained, on what, with which rewards."""
+    return {
+        "base_model": {
+            "name_or_path": trainer.model_name_or_path,
+            "pipeline_class": trainer.pipeline_class,
+            "hub_id": _hub_id(trainer.model_name_or_path),
+        },
+        "rewards": [
+            {
+                "name": reward_name(fn),
+                "source": _reward_source(fn),
+                "components": dict(getattr(fn, "component_descriptions", None) or {}),
+            }
+            for fn in trainer.reward.reward_funcs
+        ],
+        "reward_weights": trainer.resolved_reward_weights,
+        "dataset": trainer.dataset_name,
+        "library_version": _library_version(),
+    }
+
+
+def save_model_files(
+    trainer: SageGRPOTrainer, output_dir: str, state_dict: dict[str, torch.Tensor] | None
+) -> None:
+    """Write the adapter (diffusers LoRA format) or the transformer folder, and ``sage_config.json``."""
+    os.makedirs(output_dir, exist_ok=True)
+    if trainer.peft_config is not None:
+        save_lora_adapter(trainer.backbone, output_dir, state_dict=state_dict)
+    else:
+        trainer.backbone.transformer.save_pretrained(
+            os.path.join(output_dir, layout.TRANSFORMER_FOLDER), state_dict=state_dict
+        )
+    config = {**trainer.args.to_dict(), "run": run_record(trainer)}
+    Path(output_dir, layout.CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
+
+
+def _survivor(run_dir: str) -> str:
+    latest = RunFolder(run_dir).latest_checkpoint()
+    return f"the last good checkpoint is {latest}" if latest else "no earlier checkpoint was written"
+
+
+def save_checkpoint(trainer: SageGRPOTrainer, trial: Any) -> None:
+    """Write ``checkpoint-N`` atomically (see the module docstring); push it if ``hub_strategy`` asks."""
+    run_dir = trainer._get_output_dir(trial=trial)
+    name = layout.checkpoint_name(trainer.state.global_step)
+    final = os.path.join(run_dir, name)
+    staging = os.path.join(run_dir, f"{layout.STAGING_PREFIX}-{trainer.state.global_step}")
+    if trainer.args.should_save and os.path.exists(staging):
+        shutil.rmtree(staging)
+    trainer.accelerator.wait_for_everyone()
+    trainer.store_flos()
+    with guarded_write(name, staging, survived=_survivor(run_dir), cleanup=Path(staging)):
+        trainer.save_model(staging, _internal_call=True)
+        _trl_compat.save_trainer_checkpoint_parts(trainer, staging)
+        if trainer.args.should_save:
+            save_state(
+                trainer.checkpoint_state(),
+                os.path.join(staging, layout.STATE_FILE),
+                os.path.join(staging, layout.STATE_TENSORS_FILE),
+            )
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        _replace_directory(staging, final)
+        if trainer.args.push_to_hub:
+            trainer._push_from_checkpoint(final)
+        _trl_compat.rotate_checkpoints(trainer, run_dir)
+    trainer.accelerator.wait_for_everyone()
+
+
+def load_model_weights(trainer: SageGRPOTrainer, folder: str | os.PathLike) -> None:
+    """Load the adapter (or the full transformer) saved in ``folder`` into the trainer's backbone."""
+    if trainer.peft_config is not None:
+        load_lora_state(trainer.backbone.transformer, folder)
+        return
+    transformer = trainer.backbone.transformer
+    loaded = type(transformer).from_pretrained(os.path.join(folder, layout.TRANSFORMER_FOLDER))
+    transformer.load_state_dict(loaded.state_dict())
+
+
+def load_checkpoint(trainer: SageGRPOTrainer, checkpoint: str | os.PathLike) -> None:
+    """Restore the weights and the trainer's own state from ``checkpoint`` (transformers restores the rest)."""
+    load_model_weights(trainer, checkpoint)
+    state = load_state(
+        Path(checkpoint, layout.STATE_FILE),
+        Path(checkpoint, layout.STATE_TENSORS_FILE),
+        trainer.accelerator.device,
+    )
+    trainer.load_checkpoint_state(state)
+
+
+def _replace_directory(source: str, target: str) -> None:
+    """Move ``source`` to ``target``; an existing ``target`` is removed only after the move is staged."""
+    if os.path.exists(target):
+        retired = f"{target}.old"
+        shutil.rmtree(retired, ignore_errors=True)
+        os.replace(target, retired)
+        os.replace(source, target)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(source, target)

@@ -1,0 +1,253 @@
+"""``sage-train``: train, evaluate before and after on held-out prompts, and write the run folder.
+
+The order protects the user's data: every argument is parsed and validated, the rewards and prompts are
+resolved and the run folder's plan is made (`sage_trl.run_folder.plan_start`: another run there, a missing
+checkpoint, a finished run) before anything is loaded or written; only then is the folder claimed and
+``run_config.yaml`` written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sage_trl.cli.arguments import TrainScriptArguments, parse_train_arguments
+from sage_trl.cli.resolve import resolve_eval_prompts, resolve_reward, resolve_train_prompts
+from sage_trl.run_folder import RunStart, layout, plan_start
+from sage_trl.run_folder.writes import guarded_write
+
+__all__ = [
+    "PreparedRun",
+    "execute_training",
+    "prepare_training",
+    "resume_argument",
+    "run_training",
+    "train_main",
+]
+
+_TRUE, _FALSE = {"true", "yes", "1"}, {"false", "no", "0", ""}
+
+
+def resume_argument(value: str | bool | None) -> str | bool | None:
+    """``--resume_from_checkpoint``'s value: ``true`` (the latest checkpoint), ``false``/None, or a path."""
+    if value is None or isinstance(value, bool):
+        return value or None
+    lowered = str(value).strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return None
+    return str(value)
+
+
+def _lora_config(script_args: TrainScriptArguments) -> Any:
+    if not script_args.use_peft:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=script_args.lora_r,
+        lora_alpha=script_args.lora_alpha,
+        lora_dropout=script_args.lora_dropout,
+        target_modules=script_args.lora_target_modules,
+        init_lora_weights=True,
+    )
+
+
+def _evaluate(trainer: Any, prompts: list[str], seeds: list[int]) -> Any:
+    from sage_trl.evaluation import evaluate_policy
+
+    args = trainer.args
+    return evaluate_policy(
+        trainer.backbone,
+        trainer.reward,
+        prompts,
+        seeds,
+        num_frames=args.num_frames,
+        height=args.height,
+        width=args.width,
+        num_steps=args.num_inference_steps,
+        shift=args.shift,
+        guidance_scale=args.guidance_scale,
+        negative_prompt=args.negative_prompt,
+    )
+
+
+def _write_run_config(script_args: TrainScriptArguments, config: Any, output_dir: Path) -> None:
+    resolved = {
+        "script": asdict(script_args),
+        "training": json.loads(json.dumps(config.to_dict(), default=str)),
+    }
+    path = output_dir / layout.RUN_CONFIG_FILE
+    with guarded_write(path.name, path, survived="nothing else was changed"):
+        path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+
+
+def _is_main_process() -> bool:
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+def _report_finished(start: RunStart) -> dict[str, Any]:
+    finished = start.finished or {}
+    print(
+        f"{start.folder.path} holds a finished run (step {finished.get('global_step')} of "
+        f"{finished.get('max_steps')}): nothing to train. Raise --max_steps to train further."
+    )
+    return {"finished": finished}
+
+
+@dataclass
+class PreparedRun:
+    """A ``sage-train`` run whose arguments were all checked and resolved; nothing loaded or written yet."""
+
+    script_args: TrainScriptArguments
+    config: Any
+    start: RunStart
+    rewards: list[Any]
+    train_prompts: Any
+    eval_prompts: list[str]
+    eval_seeds: list[int]
+
+
+def prepare_training(script_args: TrainScriptArguments, config: Any) -> PreparedRun:
+    """Check everything that can be checked before loading a model: the run folder (another run, a missing
+    checkpoint, a finished run), the reward functions, the prompts. Raises ``ValueError`` or ``OSError``."""
+    config.resume_from_checkpoint = resume_argument(config.resume_from_checkpoint)
+    start = plan_start(
+        config.output_dir,
+        resume_from_checkpoint=config.resume_from_checkpoint,
+        overwrite=config.overwrite_output_dir,
+        max_steps=config.max_steps,
+    )
+    if start.finished is not None:
+        return PreparedRun(script_args, config, start, [], None, [], [])
+    rewards = [resolve_reward(spec, offload=config.reward_offload) for spec in script_args.reward]
+    train_prompts = resolve_train_prompts(script_args.dataset_name, script_args.dataset_split)
+    eval_prompts, eval_seeds = resolve_eval_prompts(
+        script_args.eval_prompts, script_args.num_eval_prompts, script_args.eval_seeds
+    )
+    return PreparedRun(script_args, config, start, rewards, train_prompts, eval_prompts, eval_seeds)
+
+
+def execute_training(run: PreparedRun) -> dict[str, Any]:
+    """Claim the folder, write ``run_config.yaml``, train, evaluate and write the outputs; returns the summary."""
+    if run.start.finished is not None:
+        return _report_finished(run.start)
+    main_process = _is_main_process()
+    run.start.begin(main_process=main_process)
+    try:
+        if main_process:
+            _write_run_config(run.script_args, run.config, Path(run.config.output_dir))
+        return _train_and_evaluate(
+            run.script_args, run.config, run.rewards, run.train_prompts, run.eval_prompts, run.eval_seeds
+        )
+    finally:
+        run.start.end()
+
+
+def run_training(script_args: TrainScriptArguments, config: Any) -> dict[str, Any]:
+    """`prepare_training`, then `execute_training`: train, evaluate before/after, write the output folder."""
+    return execute_training(prepare_training(script_args, config))
+
+
+def _train_and_evaluate(
+    script_args: TrainScriptArguments,
+    config: Any,
+    rewards: list[Any],
+    train_prompts: Any,
+    eval_prompts: list[str],
+    eval_seeds: list[int],
+) -> dict[str, Any]:
+    from sage_trl import SageGRPOTrainer
+    from sage_trl.outputs import StatusCallback
+
+    trainer = SageGRPOTrainer(
+        None,
+        rewards,
+        args=config,
+        train_dataset=train_prompts,
+        peft_config=_lora_config(script_args),
+        callbacks=[StatusCallback()],
+    )
+    _quiet_trainer_printing(trainer)
+    before = _evaluate(trainer, eval_prompts, eval_seeds) if eval_prompts else None
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    summary = _finish_outputs(trainer, Path(config.output_dir), before, eval_prompts, eval_seeds)
+    if config.push_to_hub:
+        trainer.push_to_hub()
+    return summary
+
+
+def _quiet_trainer_printing(trainer: Any) -> None:
+    """The status line replaces the Trainer's progress bar and its printed log dictionaries."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+
+
+def _finish_outputs(
+    trainer: Any, output_dir: Path, before: Any, prompts: list[str], seeds: list[int]
+) -> dict:
+    from sage_trl.evaluation import summary_table
+    from sage_trl.outputs import plot_reward_curves, save_comparison_gif
+
+    if trainer.is_world_process_zero() and (output_dir / layout.METRICS_FILE).is_file():
+        plot_reward_curves(output_dir / layout.METRICS_FILE, output_dir)
+    if before is None:
+        return {}
+    after = _evaluate(trainer, prompts, seeds)
+    summary = {
+        "before": before.means(),
+        "after": after.means(),
+        "before_std": before.stds(),
+        "after_std": after.stds(),
+        "prompts": prompts,
+        "seeds": seeds,
+    }
+    if trainer.is_world_process_zero():
+        table = summary_table(before, after)
+        survived = "the trained model and training_complete.json are already written"
+        with guarded_write("the held-out evaluation", output_dir, survived=survived):
+            (output_dir / layout.SUMMARY_FILE).write_text(
+                f"# Held-out evaluation (deterministic sampling)\n\n{table}\n"
+            )
+            (output_dir / layout.EVAL_RESULTS_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+            fps = trainer.backbone.default_fps
+            save_comparison_gif(before.videos, after.videos, output_dir / layout.SAMPLES_FILE, fps=fps)
+        print(f"\nHeld-out reward, {len(prompts)} videos (before -> after training):\n{table}\n")
+        print(f"Outputs written to {output_dir}")
+    return summary
+
+
+def train_main(argv: Sequence[str] | None = None) -> int:
+    """``sage-train``: see `sage_trl.cli`. Returns the exit status.
+
+    Every argument, path and the run folder are checked before any model is loaded; a problem there exits with
+    one line naming the field or path and the fix (argparse's own errors exit with 2). Failures during training
+    keep their traceback.
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        script_args, config = parse_train_arguments(argv)
+        prepared = None if script_args.preflight else prepare_training(script_args, config)
+    except (ValueError, OSError) as error:
+        raise SystemExit(f"sage-train: error: {error}") from None
+    if prepared is None:
+        return _preflight(script_args, config)
+    execute_training(prepared)
+    return 0
+
+
+def _preflight(script_args: TrainScriptArguments, config: Any) -> int:
+    from sage_trl.preflight import preflight_main
+
+    return preflight_main(script_args, config, gpu=script_args.gpu, gpu_memory_gib=script_args.gpu_memory_gib)

@@ -1,0 +1,60 @@
+"""Presets: shipped YAML configurations applied first, with the user's YAML and flags on top.
+
+A preset holds fields of `sage_trl.SageGRPOConfig` and `sage_trl.cli.TrainScriptArguments`. ``sage-train``
+applies the preset named by ``--preset`` (or, when none is named, the model's own preset: the toy world's for
+``model_name_or_path: toy``), then the ``--config`` file, then the command-line flags. The Python API does the
+same with ``SageGRPOConfig.from_preset(name, **overrides)``.
+
+Shipped: ``toy`` (SAGE-GRPO with LoRA on the built-in toy world, minutes on a CPU).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["MODEL_PRESETS", "list_presets", "load_preset", "preset_for_model"]
+
+MODEL_PRESETS: dict[str, str] = {"toy": "toy"}
+"""``model_name_or_path`` -> the preset applied when none is named."""
+
+
+def list_presets() -> list[str]:
+    """Names of the shipped presets."""
+    return sorted(
+        Path(str(entry)).stem for entry in files(__name__).iterdir() if str(entry).endswith(".yaml")
+    )
+
+
+def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        values = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"Cannot read {what} {path}: {error}") from error
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"{what} {path} must hold a YAML mapping of field: value, got {type(values).__name__}."
+        )
+    return values
+
+
+def load_preset(name_or_path: str | os.PathLike) -> dict[str, Any]:
+    """The values of a shipped preset (by name) or of a YAML file (by path)."""
+    text = os.fspath(name_or_path)
+    if text in list_presets():
+        return _read_yaml(Path(str(files(__name__).joinpath(f"{text}.yaml"))), "the preset")
+    path = Path(text).expanduser()
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return _read_yaml(path, "the preset file")
+    raise ValueError(
+        f"preset: {text!r} is neither a shipped preset ({', '.join(list_presets())}) nor an existing YAML file."
+    )
+
+
+def preset_for_model(model_name_or_path: str | None) -> str | None:
+    """The preset a model brings (applied when no preset is named), or None."""
+    return MODEL_PRESETS.get(str(model_name_or_path)) if model_name_or_path is not None else None
