@@ -235,13 +235,12 @@ class PolicyGradientAlgorithm:
         loss = policy_loss + self.kl_controller.coef * kl_term
         log_ratio = out.log_prob.detach() - old_log_prob
         metrics = {
-            "train/policy_loss": policy_loss.detach(),
-            "train/loss": loss.detach(),
-            "train/clip_fraction": stats["clipped"].float().mean(),
-            "train/ratio_mean": stats["ratio"].mean(),
-            "train/ratio_std": stats["ratio"].std(unbiased=False),
-            "train/approx_kl": 0.5 * (log_ratio**2).mean(),
-            "train/equalizer_weight_mean": batch.weights.mean(),
+            "policy_loss": policy_loss.detach(),
+            "clip_fraction": stats["clipped"].float().mean(),
+            "ratio_mean": stats["ratio"].mean(),
+            "ratio_std": stats["ratio"].std(unbiased=False),
+            "kl/approx": 0.5 * (log_ratio**2).mean(),
+            "equalizer_weight_mean": batch.weights.mean(),
             "kl/coef": torch.tensor(self.kl_controller.coef),
             **kl_metrics,
         }

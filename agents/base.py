@@ -55,7 +55,7 @@ class Agent(ABC):
 
     @abstractmethod
     def update(self, trajectory: Trajectory) -> dict[str, float]:
-        """Learn from a finished batch of rollouts; return grouped metrics (``train/...``, ``kl/...``)."""
+        """Learn from a finished batch of rollouts; return metrics (``policy_loss``, ``reward/...``, ``kl/...``)."""
 
 
 class PolicyGradientAgent(Agent):
@@ -122,7 +122,7 @@ class PolicyGradientAgent(Agent):
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
         self.optimizer.step()
         self.algorithm.after_optimizer_step(sums["kl/total"], self.references)
-        return {**sums, "train/grad_norm": float(grad_norm)}
+        return {**sums, "grad_norm": float(grad_norm)}
 
     @staticmethod
     def _rollout_metrics(
@@ -138,8 +138,8 @@ class PolicyGradientAgent(Agent):
         metrics["reward/total"] = float(rewards.total[valid].mean()) if valid.any() else float("nan")
         metrics["reward/invalid_count"] = float(rewards.num_invalid)
         metrics["reward/failed_calls"] = float(rewards.failed_calls)
-        metrics["train/advantage_mean_abs"] = float(advantages[usable].abs().mean()) if usable.any() else 0.0
-        metrics["train/usable_fraction"] = float(usable.float().mean())
+        metrics["advantage_mean_abs"] = float(advantages[usable].abs().mean()) if usable.any() else 0.0
+        metrics["usable_fraction"] = float(usable.float().mean())
         stochastic = trajectory.trainable
         metrics["rollout/exploration_std"] = (
             float(trajectory.stds[stochastic].mean()) if stochastic.any() else 0.0

@@ -71,7 +71,7 @@ def result_table(results: dict[tuple[str, bool], list[ToyRunResult]]) -> str:
                 final_mean_std(runs, "overall"),
                 final_mean_std(runs, "mq"),
                 final_mean_std(runs, "ta"),
-                late_reward(runs, "train/grad_norm"),
+                late_reward(runs, "grad_norm"),
             ]
         )
     header = ["SDE", "equalizer", "seeds", "training reward, last third", "held-out overall before",

@@ -48,7 +48,7 @@ CURVE_KEYS = (
     "rollout/exploration_std",
     "kl/total",
     "kl/coef",
-    "train/grad_norm",
+    "grad_norm",
 )
 """Per-update values every run records (rollout rewards are of the training rollouts, SDE sampling)."""
 

@@ -86,7 +86,7 @@ def main() -> None:
         components = " ".join(f"{k.split('/')[1]}={v:.3f}" for k, v in metrics.items()
                               if k.startswith("reward/") and k not in ("reward/total", "reward/invalid_count"))
         print(f"iteration {iteration:3d} | reward/total={metrics['reward/total']:.4f} {components} | "
-              f"train/policy_loss={metrics.get('train/policy_loss', 0.0):+.2e} | "
+              f"policy_loss={metrics.get('policy_loss', 0.0):+.2e} | "
               f"time/iteration={metrics['time/iteration']:.1f}s", flush=True)
 
 

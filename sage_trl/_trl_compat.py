@@ -17,12 +17,14 @@ version this was written against (pyproject.toml).
 
 from __future__ import annotations
 
+import json
 import os
 from collections import defaultdict, deque
 from typing import Any
 
 import numpy as np
 import torch
+from diffusers.configuration_utils import FrozenDict
 from transformers import Trainer
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler, identity
@@ -32,8 +34,10 @@ __all__ = [
     "TRAINER_PRIVATE_METHODS",
     "TRAIN_TIME_ATTRIBUTES",
     "EpochSeededRepeatSampler",
+    "ReportableConfig",
     "grpo_data_collator",
     "init_grpo_state",
+    "make_config_reportable",
     "rotate_checkpoints",
     "save_trainer_checkpoint_parts",
     "transformers_trainer_init",
@@ -165,3 +169,28 @@ class EpochSeededRepeatSampler(RepeatSampler):
         if self.shuffle:
             seed = np.random.SeedSequence([self.seed or 0, epoch]).generate_state(1)[0]
             self.generator = torch.Generator().manual_seed(int(seed))
+
+
+class ReportableConfig(FrozenDict):
+    """A diffusers model config that transformers' reporting callbacks can read.
+
+    `transformers.Trainer`'s integrations (TensorBoard, MLflow, ...) call ``model.config.to_json_string()`` or
+    ``.to_dict()`` on train start, methods of transformers' ``PretrainedConfig`` that diffusers' ``FrozenDict``
+    lacks (``report_to="tensorboard"`` crashed with an ``AttributeError``). This subclass adds them and is
+    otherwise the same ``FrozenDict``.
+    """
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as a plain dict."""
+        return dict(self)
+
+    def to_json_string(self) -> str:
+        """The config as JSON text (what the TensorBoard callback writes as its ``model_config`` text)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+def make_config_reportable(module: Any) -> None:
+    """Give a diffusers model's config the methods transformers' reporting callbacks call (see `ReportableConfig`)."""
+    config = getattr(module, "_internal_dict", None)
+    if isinstance(config, FrozenDict) and not isinstance(config, ReportableConfig):
+        module._internal_dict = ReportableConfig(config)

@@ -29,7 +29,7 @@ _STATUS_KEYS = (
     ("kl/coef", "kl coef"),
     ("kl/total", "kl"),
     ("loss", "loss"),
-    ("train/clip_fraction", "clip"),
+    ("clip_fraction", "clip"),
 )
 
 

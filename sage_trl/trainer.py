@@ -128,6 +128,7 @@ class SageGRPOTrainer(GRPOTrainer):
         self.reward = self._composite_reward(reward_funcs, args)
         train_dataset = self._prompt_dataset(train_dataset)
         self.dataset_name: str | None = train_dataset.info.dataset_name
+        _trl_compat.make_config_reportable(self.backbone.transformer)
         _trl_compat.transformers_trainer_init(
             self,
             model=self.backbone.transformer,
@@ -313,10 +314,10 @@ class SageGRPOTrainer(GRPOTrainer):
         local = slice(
             self.accelerator.process_index * len(prompts), (self.accelerator.process_index + 1) * len(prompts)
         )
-        self._metrics["train"]["train/advantage_mean_abs"].append(
+        self._metrics["train"]["advantage_mean_abs"].append(
             float(advantages[usable].abs().mean()) if usable.any() else 0.0
         )
-        self._metrics["train"]["train/frac_groups_without_signal"].append(
+        self._metrics["train"]["frac_groups_without_signal"].append(
             float((~usable[valid]).float().mean()) if valid.any() else 1.0
         )
         return advantages[local].to(device), usable[local].to(device)

@@ -48,15 +48,15 @@ def test_every_registered_agent_updates_its_parameters(name: str) -> None:
     assert all(changed), f"{name} left parameters unchanged"
     for step_metrics in metrics:
         assert all(torch.isfinite(torch.tensor(v)) for v in step_metrics.values())
-        assert {"reward/total", "train/policy_loss", "train/grad_norm", "kl/coef"} <= set(step_metrics)
+        assert {"reward/total", "policy_loss", "grad_norm", "kl/coef"} <= set(step_metrics)
 
 
 def test_num_iterations_makes_the_ratio_and_clipping_act() -> None:
     backbone = LinearBackbone()
     agent = agents.make("sage_grpo", policy=backbone, learning_rate=5e-2, num_iterations=3, epsilon=1e-4)
     metrics = agent.update(run_episode(env_for(agent, backbone), agent, 0))
-    assert metrics["train/clip_fraction"] > 0  # later passes are off-policy and get clipped
-    assert metrics["train/ratio_std"] > 0
+    assert metrics["clip_fraction"] > 0  # later passes are off-policy and get clipped
+    assert metrics["ratio_std"] > 0
 
 
 def test_agent_with_no_usable_group_does_not_update() -> None:
@@ -70,7 +70,7 @@ def test_agent_with_no_usable_group_does_not_update() -> None:
     before = [p.detach().clone() for p in backbone.transformer.parameters()]
     metrics = agent.update(run_episode(env, agent, 0))
     assert all(torch.equal(b, p) for b, p in zip(before, backbone.transformer.parameters()))
-    assert metrics["train/usable_fraction"] == 0.0
+    assert metrics["usable_fraction"] == 0.0
 
 
 def test_registry_errors_and_custom_registration() -> None:
@@ -161,7 +161,7 @@ def test_the_readme_loop_trains_every_algorithm_on_the_toy_env() -> None:
             observation, _, terminated, _, _ = envs.step(agent.act(observation))
             if terminated.all():
                 break
-        assert "train/policy_loss" in agent.update(envs.unwrapped.trajectory), name
+        assert "policy_loss" in agent.update(envs.unwrapped.trajectory), name
 
 
 def test_a_genuine_mismatch_is_still_refused() -> None:

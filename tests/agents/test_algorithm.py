@@ -67,11 +67,11 @@ def test_on_policy_ratio_is_exactly_one() -> None:
     backbone, algorithm, _, batch = prepared(AlgorithmConfig(kl_strategy="none"))
     batch.on_policy = True
     _, metrics = algorithm.loss(backbone, batch, References())
-    assert metrics["train/ratio_mean"].item() == 1.0 and metrics["train/ratio_std"].item() == 0.0
-    assert metrics["train/clip_fraction"].item() == 0.0
+    assert metrics["ratio_mean"].item() == 1.0 and metrics["ratio_std"].item() == 0.0
+    assert metrics["clip_fraction"].item() == 0.0
     batch.on_policy = False  # against the rollout's log-probs: equal up to batch-dependent rounding
     _, metrics = algorithm.loss(backbone, batch, References())
-    assert abs(metrics["train/ratio_mean"].item() - 1.0) < 1e-5
+    assert abs(metrics["ratio_mean"].item() - 1.0) < 1e-5
 
 
 def test_batch_holds_the_selected_stochastic_pairs() -> None:

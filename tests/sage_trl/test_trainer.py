@@ -111,13 +111,13 @@ def test_two_steps_change_every_lora_parameter_and_no_base_parameter(tmp_path: P
     assert lora_names and all(not torch.equal(before[n], after[n]) for n in lora_names)
     assert all(torch.equal(before[n], after[n]) for n in before if "lora_" not in n)
     first = trainer.state.log_history[0]
-    assert first["train/ratio_mean"] == 1.0 and first["train/ratio_std"] == 0.0  # on-policy first update
+    assert first["ratio_mean"] == 1.0 and first["ratio_std"] == 0.0  # on-policy first update
     assert {
         "reward/mean_brightness",
         "kl/coef",
         "kl/position",
         "kl/velocity",
-        "train/clip_fraction",
+        "clip_fraction",
         "rollout/exploration_std",
         "time/rollout",
         "reward/invalid_count",
