@@ -380,6 +380,11 @@ def _default_of(config_field: dataclasses.Field) -> Any:
     return config_field.default
 
 
+def refused_fields() -> set[str]:
+    """GRPOConfig's text-generation and LLM fields, which `SageGRPOConfig` refuses when set."""
+    return (_grpo_own_fields() - _USED_GRPO_FIELDS) | set(_REFUSED_HINTS)
+
+
 def _grpo_own_fields() -> set[str]:
     from transformers import TrainingArguments
 

@@ -111,6 +111,8 @@ class ClipAlignmentReward:
                 f"num_frames and batch_size must be at least 1, got {num_frames} and {batch_size}."
             )
         self.__name__ = "clip"
+        self.reward_model_description = f"CLIP text-video alignment ({model_name_or_path})"
+        self.component_descriptions = {"clip": "CLIP cosine similarity of frames and prompt"}
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = CLIPModel.from_pretrained(model_name_or_path, dtype=dtype).to(self.device).eval()
         self.model.requires_grad_(False)

@@ -6,8 +6,8 @@ one prompt of the toy grammar (`sage_env.toy.world`) per video -> ``{"vq", "mq",
 
 How a video is read. The background is the per-channel median over all pixels and frames of the video (the
 object covers ~6% of the pixels), so nothing depends on the background's *level*: an earlier version that
-penalised any deviation from a reference grey was gamed by RL, which darkened the background (DESIGN.md,
-"RL on that prior"). Each pixel gets an object weight ``w`` in [0, 1] from its colour distance to that
+penalised any deviation from a reference grey was gamed by RL, which darkened the background (docs/design.md,
+"The toy world"). Each pixel gets an object weight ``w`` in [0, 1] from its colour distance to that
 background (0 below `ToyReward.object_low`, 1 above `ToyReward.object_high`); per frame the object's mass is
 ``sum w``, its centroid the ``w``-weighted mean position and its colour the ``w``-weighted mean colour.
 
@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -125,6 +125,15 @@ class ToyReward:
         toy_overall_score(scores)  # tensor([1.])
         ```
     """
+
+    reward_model_description = "the toy world's analytic reward (sage_env.rewards.toy.ToyReward)"
+    """What the model card names as the reward (the optional attribute of the reward protocol)."""
+    component_descriptions: ClassVar[dict[str, str]] = {
+        "vq": "visual quality: clean background, crisp object, on-palette colours",
+        "mq": "motion quality: smooth track, persistent object, steady speed",
+        "ta": "text alignment: the prompt's colour and direction",
+    }
+    """What each returned score measures (the optional attribute of the reward protocol)."""
 
     def __init__(
         self,

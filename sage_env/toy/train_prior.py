@@ -4,7 +4,7 @@ Usage::
 
     python -m sage_env.toy.train_prior --output sage_env/toy/assets/prior --minutes 10
 
-Recipe (DESIGN.md, "Toy world", plus one change measured here): batches of 16 videos rendered from random
+Recipe (docs/design.md, "The toy world", plus one change measured here): batches of 16 videos rendered from random
 training prompts and seeds, rectified-flow targets ``v = noise - x0`` at ``x_t = (1 - sigma) x0 + sigma noise``,
 AdamW at lr 5e-3. Noise levels: half from the shift-3 distribution ``sigma = 3u / (1 + 2u)``, half uniform in
 ``[0.7, 1]`` (`training_sigmas`; ``--high-noise-fraction``/``--high-noise-min``), because the direction of motion

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -79,14 +79,20 @@ def _evaluate(trainer: Any, prompts: list[str], seeds: list[int]) -> Any:
     )
 
 
+def resolved_config(script_args: TrainScriptArguments, config: Any) -> dict[str, Any]:
+    """Every field of both dataclasses as resolved (presets, YAML, flags, defaults): a valid ``--config`` file."""
+    from sage_trl.config import SageGRPOConfig, refused_fields
+
+    # generation_batch_size is derived from steps_per_generation (TRL refuses both set): record the latter only.
+    names = {f.name for f in fields(SageGRPOConfig) if f.init} - refused_fields() - {"generation_batch_size"}
+    training = {k: v for k, v in json.loads(json.dumps(config.to_dict(), default=str)).items() if k in names}
+    return {**asdict(script_args), **training}
+
+
 def _write_run_config(script_args: TrainScriptArguments, config: Any, output_dir: Path) -> None:
-    resolved = {
-        "script": asdict(script_args),
-        "training": json.loads(json.dumps(config.to_dict(), default=str)),
-    }
     path = output_dir / layout.RUN_CONFIG_FILE
     with guarded_write(path.name, path, survived="nothing else was changed"):
-        path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+        path.write_text(yaml.safe_dump(resolved_config(script_args, config), sort_keys=False))
 
 
 def _is_main_process() -> bool:

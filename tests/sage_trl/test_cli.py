@@ -132,3 +132,15 @@ def test_sage_train_default_run_writes_the_output_folder(tmp_path: Path) -> None
     results = json.loads((out / "eval_results.json").read_text())
     assert set(results["before"]) == {"vq", "mq", "ta", "total"} and len(results["prompts"]) == 2
     assert "| total |" in (out / "summary.md").read_text()
+
+
+def test_the_run_config_is_a_valid_config_file(tmp_path: Path) -> None:
+    from sage_trl.cli.train import resolved_config
+
+    script_args, config = cli.parse_train_arguments(
+        ["--max_steps", "3", "--eta", "0.4", "--output_dir", str(tmp_path)]
+    )
+    written = tmp_path / "run_config.yaml"
+    written.write_text(yaml.safe_dump(resolved_config(script_args, config)))
+    again_script, again = cli.parse_train_arguments(["--config", str(written)])
+    assert again.to_dict() == config.to_dict() and again_script == script_args

@@ -7,7 +7,7 @@ import os
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2VLConfig
@@ -65,6 +65,22 @@ class VideoAlignReward:
         lazy: read the weights only at the first call (or `load`).
         offload_between_calls: move the weights to the CPU after each call (see `offload`).
     """
+
+    component_descriptions: ClassVar[dict[str, str]] = {
+        "vq": "visual quality",
+        "mq": "motion quality",
+        "ta": "text alignment",
+        "overall": "vq + mq + ta, reported only",
+    }
+    """What each returned score measures (the optional attribute of the reward protocol, for model cards)."""
+
+    @property
+    def reward_model_description(self) -> str:
+        """What the model card names as the reward: VideoAlign and the checkpoint it loaded."""
+        return (
+            "[VideoAlign](https://huggingface.co/KwaiVGI/VideoReward) (KwaiVGI's Qwen2-VL video reward model), "
+            f"checkpoint {self.checkpoint.root.name}/checkpoint-{self.checkpoint.step}"
+        )
 
     def __init__(
         self,

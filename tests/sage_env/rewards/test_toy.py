@@ -118,7 +118,7 @@ def test_noise_lowers_visual_quality_monotonically(clean):
 
 
 def test_visual_quality_measures_background_spread_not_level(clean):
-    # DESIGN.md: a level-based term was gamed by darkening the background. A darker (or brighter) clean
+    # docs/design.md: a level-based term was gamed by darkening the background. A darker (or brighter) clean
     # background must score as well as the world's own grey.
     for level in (0.0, 0.1, 0.4):
         recoloured = torch.where(clean == BACKGROUND_LEVEL, torch.full_like(clean, level), clean)
