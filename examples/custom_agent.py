@@ -69,9 +69,8 @@ def main() -> None:
     # -- the same loop as examples/swap_algorithms.py -----------------------------------------------
     envs = gym.make_vec("sage_env/Toy-v0", num_envs=args.prompts_per_batch * args.group_size,
                         group_size=args.group_size)
-    policy = envs.unwrapped.backbone
-    add_lora(policy, LoraConfig(r=8, lora_alpha=16))
-    agent = agents.make("winner_takes_all", policy=policy, learning_rate=3e-3)
+    add_lora(envs.unwrapped.backbone, LoraConfig(r=8, lora_alpha=16))
+    agent = agents.make("winner_takes_all", env=envs, learning_rate=3e-3)
     for iteration in range(args.iterations):
         observation, _ = envs.reset(seed=args.seed + iteration)
         while True:

@@ -67,11 +67,10 @@ def main() -> None:
         eta=algorithm_config.eta,
         log_prob_kind=algorithm_config.log_prob_kind,
     )
-    policy = envs.unwrapped.backbone
 
-    # -- agent: LoRA on the prior, the algorithm's published defaults --------------------------------
-    add_lora(policy, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank))
-    agent = agents.make(args.algorithm, policy=policy, learning_rate=args.learning_rate, micro_batch_size=64)
+    # -- agent: LoRA on the env's prior, the algorithm's published defaults, the env's SDE settings ---
+    add_lora(envs.unwrapped.backbone, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank))
+    agent = agents.make(args.algorithm, env=envs, learning_rate=args.learning_rate, micro_batch_size=64)
 
     # -- training loop --------------------------------------------------------------------------------
     for iteration in range(args.iterations):

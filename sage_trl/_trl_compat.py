@@ -1,6 +1,6 @@
 """Every private name of trl and transformers that `SageGRPOTrainer` relies on, in one place.
 
-trl 1.16's `GRPOTrainer.__init__` is LLM-only (tokenizer, text config, LM head), so `SageGRPOTrainer`
+trl's `GRPOTrainer.__init__` is LLM-only (tokenizer, text config, LM head), so `SageGRPOTrainer`
 skips it and sets up, here, the state that the GRPOTrainer methods it reuses read:
 
 * `GRPOTrainer.get_train_dataloader` / `_get_train_sampler`: the group-repeat sampler (each prompt
@@ -11,8 +11,8 @@ skips it and sets up, here, the state that the GRPOTrainer methods it reuses rea
 * `GRPOTrainer.log`: metric averaging and logging through ``report_to``.
 
 ``tests/sage_trl/test_trl_compat.py`` checks this contract against the installed trl: the reused methods
-exist and every ``self.<attribute>`` they read is set by `init_grpo_state`. trl is pinned to the minor
-version this was written against (pyproject.toml).
+exist and every ``self.<attribute>`` they read is set by `init_grpo_state`. The trl range in pyproject.toml is
+the one CI tests: the whole suite on its newest version, the trainer and client tests on its lowest.
 """
 
 from __future__ import annotations
