@@ -397,8 +397,13 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         # mmap keeps the stored tensors file-backed: each is copied once, already in the target dtype.
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError) as error:
+    except pickle.UnpicklingError as error:
+        raise ValueError(
+            f"{path} holds pickled objects other than tensors, which are refused (unpickling them could run "
+            "code); a released VideoAlign checkpoint holds tensors only: download it again from its source."
+        ) from error
+    except (RuntimeError, EOFError) as error:
         raise ValueError(
             f"{path} cannot be read as VideoAlign weights ({type(error).__name__}: {str(error)[:200]}); it is "
-            "damaged or not a released checkpoint (objects other than tensors are refused)."
+            "damaged or not a released checkpoint."
         ) from error

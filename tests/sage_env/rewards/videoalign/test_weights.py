@@ -236,3 +236,23 @@ def test_vision_rotary_angles_are_computed_in_bfloat16_when_cast(tiny_videoalign
     (cos, _), (cos5, _) = ours(x, positions), transformers5(x, positions)
     assert cos.dtype == torch.bfloat16 and cos5.dtype == torch.float32
     assert 0 < (cos.float() - cos5).abs().max() < 0.1  # bfloat16 angles (up to ~60 rad) are coarse
+
+
+class _Payload:
+    """A pickle that creates a file when unpickled: the proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_planted_pickle_in_model_pth_is_refused_and_runs_nothing(videoalign_copy: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "payload-ran"
+    weights = videoalign_copy / "checkpoint-10" / "model.pth"
+    state = torch.load(weights, weights_only=True)
+    torch.save({**state, "payload": _Payload(marker)}, weights)
+    with pytest.raises(ValueError, match=r"model\.pth holds pickled objects other than tensors, which are refused"):
+        load_reward(videoalign_copy)(make_videos(1), PROMPTS[:1], fps=FPS)
+    assert not marker.exists()
