@@ -22,12 +22,14 @@ Velocities follow the diffusers flow-matching convention ``v = noise - x0`` (the
 from __future__ import annotations
 
 import os
+import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from safetensors import SafetensorError
 
 from sage_env import sde
 from sage_env.models import (
@@ -251,8 +253,12 @@ class VideoBackbone(ABC):
         check_local_reference(path, "adapter")
         try:
             load()
-        except ValueError as error:
-            raise ValueError(f"adapter: {path} does not load into this model: {error}") from error
+        except (ValueError, OSError, SafetensorError, pickle.UnpicklingError) as error:
+            first_line = (str(error).strip().splitlines() or [""])[0][:300]
+            raise ValueError(
+                f"adapter: {path} does not load into this model ({type(error).__name__}: {first_line}). Adapters are "
+                "read as safetensors (or tensors-only .bin files, never unpickled): pass the folder sage-train saved."
+            ) from error
         self._check_adapter_matches(path, adapter_name)
 
     def _check_adapter_matches(self, path: str | os.PathLike, adapter_name: str) -> None:

@@ -142,3 +142,35 @@ def test_sizes_the_model_cannot_make_are_refused(tmp_path: Path, capsys: pytest.
     with pytest.raises(SystemExit):
         generate.generate_main(["--prompt", PROMPT, "--height", "15", "--output", str(tmp_path / "x.gif")])
     assert "even height" in capsys.readouterr().err
+
+
+class _Payload:
+    """A pickle that creates a file when unpickled: the proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("planted", [LORA_WEIGHT_NAME, "pytorch_lora_weights.bin"])
+def test_a_planted_pickle_as_adapter_is_refused_and_runs_nothing(planted: str, tmp_path: Path, capsys) -> None:
+    adapter, marker = tmp_path / "adapter", tmp_path / "payload-ran"
+    adapter.mkdir()
+    torch.save({"transformer.blocks.0.attn1.to_q.lora_A.weight": _Payload(marker)}, adapter / planted)
+    output = tmp_path / "out.gif"
+    with pytest.raises(SystemExit) as exit_info:
+        generate.generate_main(["--prompt", PROMPT, "--adapter", str(adapter), "--output", str(output)])
+    assert exit_info.value.code == 2 and not output.exists() and not marker.exists()
+    assert f"adapter: {adapter}" in capsys.readouterr().err
+
+
+def test_a_planted_pickle_in_a_wan_adapter_runs_nothing(tiny_wan_path: Path, tmp_path: Path) -> None:
+    """Wan adapters load through ``pipe.load_lora_weights``, which falls back to ``.bin`` files."""
+    adapter, marker = tmp_path / "adapter", tmp_path / "payload-ran"
+    adapter.mkdir()
+    torch.save({"transformer.blocks.0.attn1.to_q.lora_A.weight": _Payload(marker)}, adapter / "pytorch_lora_weights.bin")
+    with pytest.raises(ValueError, match="adapter"):
+        load_backbone(str(tiny_wan_path)).load_lora_weights(adapter)
+    assert not marker.exists()

@@ -33,6 +33,7 @@ from sage_trl.run_folder import RunFolder, layout, read_run
 from sage_trl.run_folder.layout import COMPLETE_FILE, LORA_WEIGHT_NAME
 from tests.doubles import LinearBackbone, LinearVideoModel, mean_brightness
 from tests.fixtures.hub_server import FakeHub
+from tests.sage_trl.tiny_trainer import make_args
 
 PROMPTS = ["a red ball", "a blue cube", "a green cone", "a white star"]
 WAN_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
@@ -58,25 +59,9 @@ UPLOADED = {
 
 
 def tiny_args(output_dir: Path, **kwargs) -> SageGRPOConfig:
-    values = {
-        "output_dir": str(output_dir),
-        "model_name_or_path": WAN_ID,
-        "max_steps": 2,
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 1,
-        "num_generations": 4,
-        "num_frames": 2,
-        "height": 4,
-        "width": 4,
-        "num_inference_steps": 4,
-        "learning_rate": 5e-2,
-        "use_cpu": True,
-        "seed": 0,
-        "disable_tqdm": True,
-        "kl_warmup_steps": 2,
-    }
-    values.update(kwargs)
-    return SageGRPOConfig(**values)
+    """The trainer tests' tiny config (`tests.sage_trl.tiny_trainer.make_args`), recorded as a Wan run."""
+    values = {"output_dir": str(output_dir), "model_name_or_path": WAN_ID, "gradient_accumulation_steps": 1}
+    return make_args(output_dir.parent, **{**values, **kwargs})
 
 
 def record_pipeline(run_dir: Path, pipeline_class: str) -> None:
