@@ -8,12 +8,9 @@ weight for full fine-tuning), rolls out the toy env and takes two optimizer step
 state resident). Peaks are the kernel's ``VmHWM`` from ``/proc/self/status``, reset per phase through
 ``/proc/self/clear_refs``; "above imports" subtracts the RSS the process had before the model was built.
 
-The second part is a projection, not a measurement: peak GPU memory of HunyuanVideo 1.5 (8.3B) training, LoRA
-vs full fine-tuning, from its parameter count (weights, gradients, AdamW states, the dual-KL anchor) plus the
-activation memory per (token x layer x channel) measured here on the toy transformer (with and without
-gradient checkpointing) and scaled to HunyuanVideo 1.5's shapes. ``python -m benchmarks.gpu_memory`` measures
-the real-size model on a GPU and projects from scaled-down real architectures; see its section of
-``docs/training_on_gpus.md``.
+The section also shows the full-size plan of the example configs (HunyuanVideo 1.5 480p and Wan 2.1 1.3B) that
+``sage_trl.preflight`` traces (``python -m benchmarks.gpu_memory``, which also measures it on a GPU): the same
+table as ``docs/training_on_gpus.md``. ``--quick`` traces the Wan config at a small video size instead.
 
 Run: ``python -m benchmarks.memory [--quick] [--output docs/benchmarks.md]``.
 """
@@ -33,12 +30,11 @@ from typing import Any
 
 import torch
 
-from benchmarks import reporting, timing
+from benchmarks import reporting
 
 NAME = "memory"
 ETA = 0.7
 MIB = 2**20
-GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -55,13 +51,7 @@ class MemoryCase:
     num_videos: int = 4
     num_steps: int = 4
     sde_steps: int = 2
-    gradient_checkpointing: bool = False
     lora_rank: int = 8
-
-    @property
-    def tokens_per_video(self) -> int:
-        """Transformer tokens of one video (patch 1 x 2 x 2)."""
-        return self.num_frames * (self.height // 2) * (self.width // 2)
 
     @property
     def micro_batch(self) -> int:
@@ -74,10 +64,6 @@ COMPARISON = (
     MemoryCase("full fine-tuning + dual KL (anchor = full copy)", "full", "dual"),
     MemoryCase("full fine-tuning, no KL (no anchor)", "full", "none"),
 )
-ACTIVATION_SIZES = ((8, 8), (16, 16), (24, 24))
-"""(height, width) of the LoRA runs that measure activation memory against tokens (4 frames)."""
-ACTIVATION_BACKBONE = "wide"
-"""The toy transformer of the activation runs (a cheaper forward than ``large``; the same layer layout)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,8 +109,6 @@ def run_child(case: MemoryCase, seed: int) -> dict[str, Any]:
     backbone = workloads.toy_backbone(case.backbone, seed)
     if case.mode == "lora":
         workloads.add_lora_adapter(backbone, rank=case.lora_rank, alpha=2 * case.lora_rank)
-    if case.gradient_checkpointing:
-        backbone.transformer.enable_gradient_checkpointing()
     env = make_toy_vector_env(
         num_envs=case.num_videos, group_size=case.num_videos // 2, backbone=backbone, reward_fn=workloads.brightness,
         num_frames=case.num_frames,
@@ -169,95 +153,6 @@ def launch_child(case: MemoryCase, seed: int, threads: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Activation scaling and the HunyuanVideo 1.5 projection
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ActivationFit:
-    """Training-phase activation bytes per token and channel, fitted on the toy transformer.
-
-    ``points`` are ``(tokens in the micro-batch, bytes without checkpointing, bytes with)``; the bytes are the
-    training-phase peak above the set-up RSS, and the slope of a line through them (the intercept holds what
-    does not grow with tokens: gradients, AdamW state, allocator slack) is the activation cost.
-
-    Without checkpointing every layer keeps its activations: ``slope = layer_bytes * layers * width``. With
-    gradient checkpointing every layer keeps only its input and one layer's activations live at a time during
-    the recomputation: ``slope = (input_bytes * layers + layer_bytes) * width``.
-
-    Args:
-        layer_bytes: bytes per (token x channel) one layer keeps for backward (fp32).
-        input_bytes: bytes per (token x channel) a checkpointed layer keeps (its input).
-        points: the measurements.
-    """
-
-    layer_bytes: float
-    input_bytes: float
-    points: list[tuple[int, float, float]]
-
-    def activation_bytes(self, tokens: int, layers: int, width: int, checkpointing: bool) -> float:
-        """Projected fp32 activation bytes of a training forward over ``tokens`` tokens."""
-        per_channel = (
-            self.input_bytes * layers + self.layer_bytes if checkpointing else self.layer_bytes * layers
-        )
-        return per_channel * tokens * width
-
-
-def fit_activations(
-    measured: Sequence[tuple[MemoryCase, dict, dict]], layers: int, width: int
-) -> ActivationFit:
-    """Slopes of the training-phase peak above set-up against the micro-batch's tokens (see `ActivationFit`)."""
-    points = []
-    for case, plain, checkpointed in measured:
-        tokens = case.micro_batch * case.tokens_per_video
-        points.append(
-            (tokens, plain["train_peak"] - plain["setup"], checkpointed["train_peak"] - checkpointed["setup"])
-        )
-    tokens = [p[0] for p in points]
-    plain_slope, _ = timing.fit_line(tokens, [p[1] for p in points])
-    checkpointed_slope, _ = timing.fit_line(tokens, [p[2] for p in points])
-    layer_bytes = plain_slope / (layers * width)
-    input_bytes = max(checkpointed_slope / width - layer_bytes, 0.0) / layers
-    return ActivationFit(layer_bytes, input_bytes, points)
-
-
-def hunyuan_projection(fit: ActivationFit, lora_rank: int = 32) -> list[list[Any]]:
-    """Rows of the projected peak GPU memory of HunyuanVideo 1.5 training (GiB), LoRA vs full fine-tuning."""
-    from benchmarks.gpu_memory import HUNYUAN_VIDEO_15, parameter_counts
-
-    spec = HUNYUAN_VIDEO_15
-    counts = parameter_counts(spec, lora_rank)
-    total, lora = counts["total"], counts["lora"]
-    # CFG (guidance 6): the training forward runs the conditional and unconditional branch as a batch of 2.
-    tokens = 2 * spec.attended_tokens
-    bf16 = 0.5  # activations measured in fp32 on the CPU; bf16 autocast on the GPU halves them
-    activations = {
-        name: fit.activation_bytes(tokens, spec.num_layers, spec.width, checkpointing) * bf16
-        for name, checkpointing in (("no checkpointing", False), ("gradient checkpointing", True))
-    }
-    settings = {
-        # (static bytes, description)
-        "LoRA r32, bf16 base": (2 * total + 20 * lora, "bf16 weights 2P; LoRA fp32 weights, grads, AdamW, anchor 20L"),
-        "full FT, fp32 master + bf16 autocast": (22 * total, "weights 4P, grads 4P, AdamW 8P, anchor 4P, bf16 copy 2P"),
-        "full FT, anchor offloaded to CPU": (18 * total, "as above without the 4P anchor on the GPU"),
-    }  # fmt: skip
-    rows = []
-    for name, (static, description) in settings.items():
-        for activation_name, activation in activations.items():
-            rows.append(
-                [
-                    name,
-                    activation_name,
-                    description,
-                    static / GIB,
-                    activation / GIB,
-                    (static + activation) / GIB,
-                ]
-            )
-    return rows
-
-
-# ----------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------
 
@@ -298,20 +193,19 @@ def ratio_lines(results: Sequence[tuple[MemoryCase, dict]]) -> str:
     )
 
 
-def activation_table(fit: ActivationFit) -> str:
-    """The measured activation points."""
-    rows = [[tokens, plain / MIB, checkpointed / MIB] for tokens, plain, checkpointed in fit.points]
-    header = ["tokens per micro-batch", "training peak above setup, MiB", "with gradient checkpointing, MiB"]
-    return reporting.markdown_table(header, rows, digits=1)
+def preflight_tables(quick: bool) -> str:
+    """The traced full-size plan of the example configs (`benchmarks.gpu_memory`); a small video with ``quick``."""
+    from benchmarks import gpu_memory
+
+    if quick:
+        overrides = ["--num_frames=5", "--height=64", "--width=64"]
+        plans = [gpu_memory.plan_config(gpu_memory.EXAMPLE_CONFIGS[1], overrides, gpu="H100")]
+    else:
+        plans = [gpu_memory.plan_config(path, gpu="H100") for path in gpu_memory.EXAMPLE_CONFIGS]
+    return f"{gpu_memory.resident_table(plans)}\n\n{gpu_memory.phase_table(plans)}"
 
 
-def projection_table(rows: Sequence[Sequence[Any]]) -> str:
-    """Markdown of `hunyuan_projection`."""
-    header = ["setting", "activations", "static state", "static GiB", "activations GiB", "projected peak GiB"]
-    return reporting.markdown_table(header, rows, digits=1)
-
-
-def report(context: reporting.BenchmarkContext, results: list, fit: ActivationFit, projection: list) -> str:
+def report(context: reporting.BenchmarkContext, results: list, preflight: str) -> str:
     """The markdown section."""
     case = results[0][0]
     return f"""## 3. Memory: LoRA + adapter-snapshot anchor vs full fine-tuning + copied anchor
@@ -327,53 +221,30 @@ imports" subtracts the RSS of the interpreter with torch/diffusers/transformers 
 
 {ratio_lines(results)}
 
-Activation memory of the training phase (LoRA runs, 4 frames, growing resolution; peak above the set-up RSS).
-The slope of a line through these points is the activation cost of a fp32 training step (anchor forward,
-policy forward with its graph, backward): each layer keeps {fit.layer_bytes:.0f} bytes per (token x channel)
-without checkpointing; with gradient checkpointing a layer keeps {fit.input_bytes:.1f} bytes per (token x
-channel) plus one layer's activations during recomputation (see `ActivationFit`).
+**Full size, traced (not measured on a GPU):** the example configs' plan from `sage_trl.preflight`
+(`sage-train --config <config> --preflight`; `python -m benchmarks.gpu_memory` prints the same and, on a GPU,
+the measured peaks beside it). The model is built at full size under fake tensors from its published
+configuration, and the trainer's own code is traced for one rollout round and one training step: peaks are what
+`torch.cuda.max_memory_allocated` would report, before the margins of `sage_trl.preflight.LIMITS` (CUDA context,
+allocator fragmentation, kernel workspaces). Times per run at an H100's dense bf16 throughput and 40%
+utilisation (an assumption). Details and savers: `docs/training_on_gpus.md`.
 
-{activation_table(fit)}
-
-**Projection (not a measurement): peak GPU memory of HunyuanVideo 1.5 480p T2V (8.3B) training**, one (video,
-step) pair per micro-batch at 81 x 480 x 848 (33,390 video + 1,985 text/image tokens, CFG doubling the
-forward batch), activations = the toy's bytes per (token x layer x channel) above, halved for bf16, times
-HunyuanVideo 1.5's tokens x 54 layers x 2048 channels. Static state from the parameter count
-(`benchmarks.gpu_memory.parameter_counts`: P parameters, L LoRA parameters). The toy's activation layout is
-only a proxy for HunyuanVideo's (its dense text-attention mask, refiner and fused kernels differ); use
-`python -m benchmarks.gpu_memory` on a GPU for measured numbers.
-
-{projection_table(projection)}
+{preflight}
 """
 
 
-def measure_all(context: reporting.BenchmarkContext, threads: int) -> tuple[list, ActivationFit]:
-    """Run every child process: the comparison rows and the activation-scaling runs."""
+def measure_all(context: reporting.BenchmarkContext, threads: int) -> list:
+    """Run every child process of the comparison."""
     seed = context.arguments.seed
-    base = {"backbone": ACTIVATION_BACKBONE}
     if context.quick:
         base = {"backbone": "wide", "num_videos": 4, "num_steps": 2, "sde_steps": 1}
         comparison = [MemoryCase(c.label, c.mode, c.kl_strategy, **base) for c in COMPARISON[:2]]
-        sizes = ((8, 8), (12, 12))
     else:
-        comparison, sizes = list(COMPARISON), ACTIVATION_SIZES
-    results = [(case, launch_child(case, seed, threads)) for case in comparison]
-    measured = []
-    for height, width in sizes:
-        plain = MemoryCase("activations", "lora", "dual", height=height, width=width, **base)
-        checkpointed = MemoryCase("activations", "lora", "dual", height=height, width=width,
-                                  gradient_checkpointing=True, **base)  # fmt: skip
-        plain_result = launch_child(plain, seed, threads)
-        # The smoke run skips the checkpointed processes (each costs an interpreter start).
-        checkpointed_result = plain_result if context.quick else launch_child(checkpointed, seed, threads)
-        measured.append((plain, plain_result, checkpointed_result))
-    from benchmarks.workloads import TOY_SIZES
-
-    size = TOY_SIZES[base["backbone"]]
-    return results, fit_activations(measured, size.num_layers, size.num_heads * size.head_dim)
+        comparison = list(COMPARISON)
+    return [(case, launch_child(case, seed, threads)) for case in comparison]
 
 
-def main(argv: Sequence[str] | None = None) -> tuple[list, ActivationFit] | None:
+def main(argv: Sequence[str] | None = None) -> list | None:
     """Run the benchmark (see the module docstring), print its tables, write its section; return results."""
     parser = reporting.benchmark_parser(__doc__)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -384,15 +255,14 @@ def main(argv: Sequence[str] | None = None) -> tuple[list, ActivationFit] | None
         print(json.dumps(run_child(MemoryCase(**json.loads(arguments.child)), arguments.seed)))
         return None
     context = reporting.start_benchmark(NAME, parser, argv, default_threads=1)
-    results, fit = measure_all(context, torch.get_num_threads())
-    projection = hunyuan_projection(fit)
+    results = measure_all(context, torch.get_num_threads())
+    preflight = preflight_tables(context.quick)
     print(comparison_table(results))
     print(ratio_lines(results))
-    print(activation_table(fit))
-    print(projection_table(projection))
-    reporting.write_section(context.output, NAME, report(context, results, fit, projection))
+    print(preflight)
+    reporting.write_section(context.output, NAME, report(context, results, preflight))
     print(f"\nSection '{NAME}' written to {context.output}")
-    return results, fit
+    return results
 
 
 if __name__ == "__main__":

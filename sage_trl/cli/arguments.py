@@ -84,6 +84,20 @@ class TrainScriptArguments:
         },
     )
 
+    def peft_config(self) -> Any:
+        """The ``peft.LoraConfig`` these arguments describe (None without ``use_peft``: full fine-tuning)."""
+        if not self.use_peft:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora_r,
+            lora_alpha=self.lora_alpha,
+            lora_dropout=self.lora_dropout,
+            target_modules=self.lora_target_modules,
+            init_lora_weights=True,
+        )
+
     def __post_init__(self) -> None:
         for spec in self.reward:
             _check_reward_spec(spec)
@@ -170,5 +184,19 @@ def parse_train_arguments(argv: Sequence[str] | None = None) -> tuple[TrainScrip
         preset_values = load_preset(preset)
         _check_keys(preset_values, known, f"preset {preset}")
         parser.set_defaults_with_config(**preset_values)
+    if _preflight_requested(argv, config_values):
+        # A plan for a GPU is traced on any machine: bf16 must not be refused for lack of one.
+        parser.set_defaults_with_config(use_cpu=True)
     script_args, config = parser.parse_args_and_config(argv)
     return script_args, config
+
+
+def _preflight_requested(argv: Sequence[str], config_values: dict[str, Any]) -> bool:
+    """Whether ``--preflight`` is on (a bare flag, ``--preflight true`` / ``=true``, or ``preflight: true``)."""
+    for index, token in enumerate(argv):
+        if token == "--preflight":
+            following = argv[index + 1] if index + 1 < len(argv) else "--"
+            return following.startswith("--") or following.lower() in ("true", "yes", "1", "t", "y")
+        if token.startswith("--preflight="):
+            return token.split("=", 1)[1].lower() in ("true", "yes", "1", "t", "y")
+    return config_values.get("preflight") is True

@@ -46,20 +46,6 @@ def resume_argument(value: str | bool | None) -> str | bool | None:
     return str(value)
 
 
-def _lora_config(script_args: TrainScriptArguments) -> Any:
-    if not script_args.use_peft:
-        return None
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=script_args.lora_r,
-        lora_alpha=script_args.lora_alpha,
-        lora_dropout=script_args.lora_dropout,
-        target_modules=script_args.lora_target_modules,
-        init_lora_weights=True,
-    )
-
-
 def _evaluate(trainer: Any, prompts: list[str], seeds: list[int]) -> Any:
     from sage_trl.evaluation import evaluate_policy
 
@@ -180,7 +166,7 @@ def _train_and_evaluate(
         rewards,
         args=config,
         train_dataset=train_prompts,
-        peft_config=_lora_config(script_args),
+        peft_config=script_args.peft_config(),
         callbacks=[StatusCallback()],
     )
     _quiet_trainer_printing(trainer)

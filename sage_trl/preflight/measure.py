@@ -1,0 +1,120 @@
+"""The same phases on real tensors, measured: what checks the trace (tests on CPU, the benchmark on a GPU).
+
+`measure_training_step` runs `sequence.prepare_and_encode` and `sequence.run_training_step` on a real backbone and
+measures every phase: on CUDA the caching allocator's ``torch.cuda.memory_allocated`` at the start and
+``max_memory_allocated`` over the phase; on CPU the allocator's own accounting through ``torch.profiler``
+(``profile_memory``: every allocation and free of tensor storage, in order), whose running total's maximum is the
+phase's peak above its start. The traced `PhasePlan` of the same config must match: its ``peak_bytes -
+start_bytes`` is the same quantity.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sage_env.backbones import VideoBackbone
+from sage_trl.preflight import sequence
+
+__all__ = ["MeasuredPhase", "measure_training_step", "profiled_peak"]
+
+
+@dataclass(frozen=True)
+class MeasuredPhase:
+    """One measured phase.
+
+    Args:
+        name: the phase (as in `sage_trl.preflight.PhasePlan`).
+        transient_bytes: the peak above the bytes allocated when the phase started.
+        start_bytes: bytes allocated at the start (CUDA only; None on CPU).
+        peak_bytes: ``max_memory_allocated`` over the phase (CUDA only; None on CPU).
+        seconds: wall-clock time of the phase.
+    """
+
+    name: str
+    transient_bytes: int
+    start_bytes: int | None
+    peak_bytes: int | None
+    seconds: float
+
+
+@contextmanager
+def _profiled() -> Iterator[list[int]]:
+    """Profile the block's CPU allocations; afterwards the yielded list holds the peak of their running total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    result: list[int] = []
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        yield result
+    result.append(_running_peak(profiler))
+
+
+def profiled_peak(work: Callable[[], Any]) -> int:
+    """Peak of the CPU allocator's running total during ``work`` (allocations minus frees, in order), in bytes."""
+    with _profiled() as result:
+        work()
+    return result[0]
+
+
+def _running_peak(profiler: Any) -> int:
+    events = [event for event in profiler.profiler.kineto_results.events() if event.name() == "[memory]"]
+    running = peak = 0
+    for event in sorted(events, key=lambda event: event.start_ns()):
+        running += event.nbytes()
+        peak = max(peak, running)
+    return peak
+
+
+class _MeasureRecorder:
+    """`sequence.PhaseRecorder` on real tensors (offloads are real moves: nothing to book-keep)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.phases: list[MeasuredPhase] = []
+
+    @contextmanager
+    def phase(
+        self, name: str, runs: float, *, transformer: bool, gradients: int = 0, note: str = ""
+    ) -> Iterator[None]:
+        start_time = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            start = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            yield
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.phases.append(
+                MeasuredPhase(name, peak - start, start, peak, time.perf_counter() - start_time)
+            )
+            return
+        with _profiled() as result:
+            yield
+        self.phases.append(MeasuredPhase(name, result[0], None, None, time.perf_counter() - start_time))
+
+    def live(self) -> None:
+        return None
+
+    def to_host_since(self, marker: Any) -> None:
+        """The library's own ``.to("cpu")`` already moved the prompt cache."""
+
+    def to_host(self, tensors: Sequence[torch.Tensor], host: bool = True) -> None:
+        """The library's own ``.to("cpu")`` already moved them."""
+
+    def replay_calls(self, owner: Any, name: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+def measure_training_step(
+    backbone: VideoBackbone, config: Any, lora_config: Any = None
+) -> list[MeasuredPhase]:
+    """Run the preflight's phases for ``config`` on the real ``backbone`` and measure each (see the module docstring)."""
+    recorder = _MeasureRecorder(backbone.device)
+    run = sequence.prepare_and_encode(recorder, backbone, config, lora_config)
+    sequence.run_training_step(recorder, run)
+    return recorder.phases

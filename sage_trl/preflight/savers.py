@@ -1,0 +1,98 @@
+"""Which memory savers would make a config fit a budget: switched on one by one, each plan traced again.
+
+The savers are the config switches of docs/training_on_gpus.md that leave the trained model the same (or, for
+``torch_dtype: bfloat16`` with LoRA, change only the frozen base's precision). They are tried in a fixed order,
+cumulatively, skipping those already on, until the traced peak plus the margins fits; the result names the
+switches needed. Changes that alter the task (fewer frames, LoRA instead of full fine-tuning, more GPUs) are
+never applied, only mentioned when nothing else is left.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sage_trl.preflight.plan import PreflightPlan
+
+__all__ = ["SAVERS", "Saver", "find_savers"]
+
+
+@dataclass(frozen=True)
+class Saver:
+    """One switch: how the user writes it, whether it is off in a config, and the fields it sets."""
+
+    name: str
+    is_off: Callable[[Any, Any], bool]
+    fields: dict[str, Any]
+
+
+def _videos(config: Any) -> int:
+    return config.per_device_train_batch_size * config.steps_per_generation
+
+
+SAVERS: tuple[Saver, ...] = (
+    Saver(
+        "gradient_checkpointing: true",
+        lambda c, lora: not c.diffusers_gradient_checkpointing,
+        {"diffusers_gradient_checkpointing": True},
+    ),
+    Saver("micro_batch_size: 1", lambda c, lora: c.micro_batch_size > 1, {"micro_batch_size": 1}),
+    Saver(
+        "rollout_batch_size: 1",
+        lambda c, lora: (c.rollout_batch_size or _videos(c)) > 1,
+        {"rollout_batch_size": 1},
+    ),
+    Saver(
+        "precompute_prompt_embeddings + offload_text_encoders",
+        lambda c, lora: not (c.precompute_prompt_embeddings and c.offload_text_encoders),
+        {"precompute_prompt_embeddings": True, "offload_text_encoders": True},
+    ),
+    Saver("reward_offload: true", lambda c, lora: not c.reward_offload, {"reward_offload": True}),
+    Saver(
+        "vae_tiling + vae_slicing",
+        lambda c, lora: not (c.vae_tiling and c.vae_slicing),
+        {"vae_tiling": True, "vae_slicing": True},
+    ),
+    Saver(
+        "reference_offload: true",
+        lambda c, lora: lora is None and not c.reference_offload,
+        {"reference_offload": True},
+    ),
+    Saver(
+        "torch_dtype: bfloat16",
+        lambda c, lora: lora is not None and c.torch_dtype != "bfloat16",
+        {"torch_dtype": "bfloat16", "bf16": True},
+    ),
+)
+"""Savers in the order they are tried."""
+
+
+def with_fields(config: Any, fields: dict[str, Any]) -> Any:
+    """A shallow copy of ``config`` with ``fields`` set (no re-validation: the values are the savers' own)."""
+    changed = copy.copy(config)
+    for name, value in fields.items():
+        setattr(changed, name, value)
+    return changed
+
+
+def find_savers(
+    config: Any, lora_config: Any, plan: PreflightPlan, trace: Callable[[Any], PreflightPlan]
+) -> tuple[list[str], int | None]:
+    """The savers that bring ``plan`` under its budget and the peak they reach (traced with ``trace(config)``).
+
+    Returns ``([], None)`` when every saver is already on; the last peak when even all of them do not suffice.
+    """
+    budget = plan.budget_gib
+    applied: list[str] = []
+    peak: int | None = None
+    for saver in SAVERS:
+        if budget is None or not saver.is_off(config, lora_config):
+            continue
+        config = with_fields(config, saver.fields)
+        applied.append(saver.name)
+        peak = trace(config).peak_bytes
+        if plan.required_gib(peak) <= budget:
+            break
+    return applied, peak
