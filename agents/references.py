@@ -36,6 +36,11 @@ def trainable_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Paramete
 class ParameterSnapshot:
     """A frozen copy of a module's trainable parameters that can be swapped in temporarily.
 
+    Parameters are looked up by name at every use, never held: a wrapper that shards the module in place
+    (FSDP2's ``fully_shard``, applied when training starts) replaces the parameter objects by sharded DTensors.
+    The copy then follows the layout of the live parameters: each process holds (and swaps in) only its own
+    shard, so the anchor costs ``1 / world_size`` of the trainable weights per process.
+
     Args:
         module: the policy module (e.g. ``backbone.transformer``); only ``requires_grad`` parameters are
             copied, which for a LoRA run are exactly the adapter weights.
@@ -45,13 +50,25 @@ class ParameterSnapshot:
     def __init__(self, module: torch.nn.Module, offload: bool = False) -> None:
         self.module = module
         self.offload = offload
-        self.parameters = trainable_parameters(module)
-        if not self.parameters:
+        self.names = tuple(trainable_parameters(module))
+        if not self.names:
             raise ValueError(
                 "The module has no trainable parameters to snapshot; enable training or add LoRA first."
             )
         self.values: dict[str, torch.Tensor] = {}
         self.refresh()
+
+    @property
+    def parameters(self) -> dict[str, torch.nn.Parameter]:
+        """The module's current parameters of the snapshot, by name, in their sharded form when sharded.
+
+        FSDP2 registers the gathered (unsharded) parameters while a unit stays unsharded after a forward (the
+        root unit does, until its backward) and gathers again only from the sharded storage: values must be
+        written there, with the unsharded copies dropped, so that the next forward gathers them.
+        """
+        _reshard(self.module)
+        live = dict(self.module.named_parameters())
+        return {name: live[name] for name in self.names}
 
     def refresh(self) -> None:
         """Copy the current trainable parameters into the snapshot (the paper's anchor update every N steps)."""
@@ -61,8 +78,8 @@ class ParameterSnapshot:
                 self.values[name] = parameter.detach().to(target, copy=True)
 
     def num_bytes(self) -> int:
-        """Memory held by the snapshot."""
-        return sum(v.numel() * v.element_size() for v in self.values.values())
+        """Memory held by the snapshot (on this process)."""
+        return sum(_local(v).numel() * v.element_size() for v in self.values.values())
 
     @contextmanager
     def applied(self) -> Iterator[None]:
@@ -71,32 +88,83 @@ class ParameterSnapshot:
         Values are copied into the parameters in place (not swapped by reassigning ``.data``): FSDP2 gathers
         from its own sharded storage, which a reassignment would leave untouched.
         """
+        parameters = self.parameters
         with torch.no_grad():
-            live = {name: parameter.detach().clone() for name, parameter in self.parameters.items()}
-            for name, parameter in self.parameters.items():
-                parameter.copy_(self.values[name])
+            live = {name: parameter.detach().clone() for name, parameter in parameters.items()}
+            for name, parameter in parameters.items():
+                parameter.copy_(self._value_like(name, parameter))
         try:
             yield
         finally:
-            with torch.no_grad():
+            with torch.no_grad():  # looked up again: units left unsharded by the block hold the snapshot
                 for name, parameter in self.parameters.items():
                     parameter.copy_(live[name])
 
+    def _value_like(self, name: str, parameter: torch.Tensor) -> torch.Tensor:
+        """The snapshot of ``name`` in the layout of ``parameter`` (sharded once, when the module was sharded
+        after the snapshot was taken) and on its device."""
+        value = self.values[name]
+        if _is_dtensor(parameter) and not _is_dtensor(value):
+            value = _shard_like(value, parameter)
+            self.values[name] = value.to("cpu") if self.offload else value
+        return value.to(parameter.device)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The snapshot tensors (for checkpoints)."""
-        return {name: value.cpu() for name, value in self.values.items()}
+        """The snapshot as full CPU tensors (for checkpoints).
+
+        With sharded parameters this gathers the shards: every process must call it, as every process calls
+        `refresh`.
+        """
+        parameters = self.parameters
+        return {name: _full(self._value_like(name, parameters[name])) for name in self.names}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore `state_dict`; names and shapes must match the module's trainable parameters."""
-        if state.keys() != self.parameters.keys():
-            missing, unexpected = self.parameters.keys() - state.keys(), state.keys() - self.parameters.keys()
+        """Restore `state_dict` (full tensors); names and shapes must match the module's trainable parameters."""
+        if state.keys() != set(self.names):
+            missing, unexpected = set(self.names) - state.keys(), state.keys() - set(self.names)
             raise ValueError(
                 f"Snapshot does not match the module: missing {sorted(missing)[:5]}, "
                 f"unexpected {sorted(unexpected)[:5]}."
             )
         for name, parameter in self.parameters.items():
             target = "cpu" if self.offload else parameter.device
-            self.values[name] = state[name].to(target, parameter.dtype, copy=True)
+            value = state[name].to(parameter.device, parameter.dtype, copy=True)
+            value = _shard_like(value, parameter) if _is_dtensor(parameter) else value
+            self.values[name] = value.to(target)
+
+
+def _reshard(module: torch.nn.Module) -> None:
+    """Put every FSDP2 unit of ``module`` in its sharded state (nothing to do for a module that is not sharded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.reshard()
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of ``tensor`` (the tensor itself unless it is a sharded DTensor)."""
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
+
+
+def _shard_like(full: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
+    """Cut a full tensor, identical on every process, into ``parameter``'s layout (no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(
+        full.to(parameter.device), parameter.device_mesh, parameter.placements, src_data_rank=None
+    )
+
+
+def _full(value: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on CPU (a collective for a sharded DTensor: every process must call it)."""
+    return (value.full_tensor() if _is_dtensor(value) else value).detach().cpu()
 
 
 class DisabledAdapters:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from transformers.utils import logging
 
 from sage_env.rewards.base import reward_name
 from sage_trl import _trl_compat
@@ -35,7 +37,16 @@ from sage_trl.run_folder.writes import guarded_write
 if TYPE_CHECKING:
     from sage_trl.trainer import SageGRPOTrainer
 
-__all__ = ["load_checkpoint", "load_model_weights", "run_record", "save_checkpoint", "save_model_files"]
+logger = logging.get_logger(__name__)
+
+__all__ = [
+    "load_checkpoint",
+    "load_model_weights",
+    "load_trainer_state",
+    "run_record",
+    "save_checkpoint",
+    "save_model_files",
+]
 
 
 def _library_version() -> str:
@@ -95,16 +106,39 @@ def run_record(trainer: SageGRPOTrainer) -> dict[str, Any]:
 def save_model_files(
     trainer: SageGRPOTrainer, output_dir: str, state_dict: dict[str, torch.Tensor] | None
 ) -> None:
-    """Write the adapter (diffusers LoRA format) or the transformer folder, and ``sage_config.json``."""
+    """Write the adapter (diffusers LoRA format) or the transformer folder, and ``sage_config.json``.
+
+    Main process only: under FSDP, transformers calls this on every process with the state dict it gathered,
+    which is full on the main process and empty on the others.
+    """
+    if not trainer.args.should_save:
+        return
     os.makedirs(output_dir, exist_ok=True)
     if trainer.peft_config is not None:
         save_lora_adapter(trainer.backbone, output_dir, state_dict=state_dict)
     else:
-        trainer.backbone.transformer.save_pretrained(
-            os.path.join(output_dir, layout.TRANSFORMER_FOLDER), state_dict=state_dict
+        _save_transformer(
+            trainer.backbone.transformer, os.path.join(output_dir, layout.TRANSFORMER_FOLDER), state_dict
         )
     config = {**trainer.args.to_dict(), "run": run_record(trainer)}
     Path(output_dir, layout.CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
+
+
+def _save_transformer(
+    transformer: torch.nn.Module, folder: str, state_dict: dict[str, torch.Tensor] | None
+) -> None:
+    """diffusers' ``save_pretrained`` of ``transformer``, with ``state_dict`` as its weights when given.
+
+    diffusers saves the module's own state dict and has no argument for another one; under FSDP2 that one is
+    sharded, and the full state dict transformers gathered must be saved instead. It is assigned to an empty
+    (meta) instance of the same class built from the same config, without copying, and saved from there.
+    """
+    if state_dict is not None:
+        with torch.device("meta"):
+            holder = type(transformer).from_config(transformer.config)
+        holder.load_state_dict(state_dict, assign=True)
+        transformer = holder
+    transformer.save_pretrained(folder)
 
 
 def _survivor(run_dir: str) -> str:
@@ -122,15 +156,15 @@ def save_checkpoint(trainer: SageGRPOTrainer, trial: Any) -> None:
         shutil.rmtree(staging)
     trainer.accelerator.wait_for_everyone()
     trainer.store_flos()
+    state = trainer.checkpoint_state()  # on every process: a sharded (FSDP2) anchor is gathered
     with guarded_write(name, staging, survived=_survivor(run_dir), cleanup=Path(staging)):
         trainer.save_model(staging, _internal_call=True)
         _trl_compat.save_trainer_checkpoint_parts(trainer, staging)
         if trainer.args.should_save:
-            save_state(
-                trainer.checkpoint_state(),
-                os.path.join(staging, layout.STATE_FILE),
-                os.path.join(staging, layout.STATE_TENSORS_FILE),
-            )
+            save_state(state, *_state_files(staging))
+        if trainer.accelerator.num_processes > 1:
+            os.makedirs(staging, exist_ok=True)
+            save_state(trainer.process_state(), *_state_files(staging, trainer.accelerator.process_index))
     trainer.accelerator.wait_for_everyone()
     if trainer.args.should_save:
         _replace_directory(staging, final)
@@ -147,18 +181,44 @@ def load_model_weights(trainer: SageGRPOTrainer, folder: str | os.PathLike) -> N
         return
     transformer = trainer.backbone.transformer
     loaded = type(transformer).from_pretrained(os.path.join(folder, layout.TRANSFORMER_FOLDER))
-    transformer.load_state_dict(loaded.state_dict())
+    # torch's loader of a full state dict: it cuts each tensor into the module's shards when FSDP2 sharded it.
+    set_model_state_dict(transformer, loaded.state_dict(), options=StateDictOptions(full_state_dict=True))
 
 
 def load_checkpoint(trainer: SageGRPOTrainer, checkpoint: str | os.PathLike) -> None:
     """Restore the weights and the trainer's own state from ``checkpoint`` (transformers restores the rest)."""
     load_model_weights(trainer, checkpoint)
-    state = load_state(
-        Path(checkpoint, layout.STATE_FILE),
-        Path(checkpoint, layout.STATE_TENSORS_FILE),
-        trainer.accelerator.device,
-    )
-    trainer.load_checkpoint_state(state)
+    load_trainer_state(trainer, checkpoint)
+
+
+def load_trainer_state(trainer: SageGRPOTrainer, checkpoint: str | os.PathLike) -> None:
+    """Restore the trainer's own state from ``checkpoint``: the shared one (`SageGRPOTrainer.checkpoint_state`),
+    then this process's own (`SageGRPOTrainer.process_state`) where the checkpoint has it."""
+    device = trainer.accelerator.device
+    device = (
+        "cpu" if device.type == "cpu" else device
+    )  # a multi-process CPU run's "cpu:<rank>": safetensors refuses
+    trainer.load_checkpoint_state(load_state(*_state_files(checkpoint), device))
+    if trainer.accelerator.num_processes == 1:
+        return
+    own = _state_files(checkpoint, trainer.accelerator.process_index)
+    if Path(own[0]).is_file():
+        trainer.load_process_state(load_state(*own, device))
+    else:
+        logger.warning(
+            "%s has no state of process %d (it was written by fewer processes): this process resumes with the "
+            "main process's buffered rollouts and timestep generator.",
+            checkpoint,
+            trainer.accelerator.process_index,
+        )
+
+
+def _state_files(folder: str | os.PathLike, process: int | None = None) -> tuple[str, str]:
+    """The JSON and safetensors files of the shared state (``process`` None) or of one process's own state."""
+    if process is None:
+        return os.path.join(folder, layout.STATE_FILE), os.path.join(folder, layout.STATE_TENSORS_FILE)
+    stem = os.path.join(folder, layout.PROCESS_STATE_STEM.format(index=process))
+    return f"{stem}.json", f"{stem}.safetensors"
 
 
 def _replace_directory(source: str, target: str) -> None:

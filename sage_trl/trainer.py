@@ -32,7 +32,7 @@ from sage_env.env import BackbonePolicy, DenoisingVectorEnv, Trajectory, run_epi
 from sage_env.rewards import CompositeReward, RewardFailureMonitor
 from sage_trl import _trl_compat, checkpoints, hub
 from sage_trl.config import SageGRPOConfig
-from sage_trl.distributed import release_process_group_at_exit
+from sage_trl.distributed import check_launch, parameters_outside, release_process_group_at_exit
 from sage_trl.hub.upload import check_license
 from sage_trl.lora import add_lora
 from sage_trl.outputs import MetricsFileCallback
@@ -129,6 +129,8 @@ class SageGRPOTrainer(GRPOTrainer):
         train_dataset = self._prompt_dataset(train_dataset)
         self.dataset_name: str | None = train_dataset.info.dataset_name
         _trl_compat.make_config_reportable(self.backbone.transformer)
+        if args.ddp_find_unused_parameters is None:  # every parameter reaches the loss (sage_trl.distributed)
+            args.ddp_find_unused_parameters = False
         _trl_compat.transformers_trainer_init(
             self,
             model=self.backbone.transformer,
@@ -138,6 +140,7 @@ class SageGRPOTrainer(GRPOTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        check_launch(self.accelerator)
         _trl_compat.init_grpo_state(self, args)
         self._enable_memory_savers(args)
         self.references: References = self.algorithm.build_references(self.backbone.transformer)
@@ -146,6 +149,8 @@ class SageGRPOTrainer(GRPOTrainer):
         self.resolved_reward_weights: dict[str, float] = {}
         self.reward_failures = RewardFailureMonitor(args.max_consecutive_reward_failures)
         self._kl_values: list[float] = []
+        # Under DDP: the trainable parameters the loss does not reach (found on the first loss).
+        self._unreached: list[torch.nn.Parameter] | None = None
         self.add_callback(_AlgorithmCallback(self))
         if self.is_world_process_zero():
             self.add_callback(MetricsFileCallback(os.path.join(args.output_dir, layout.METRICS_FILE)))
@@ -336,8 +341,11 @@ class SageGRPOTrainer(GRPOTrainer):
         metrics["reward/invalid_count"].append(float((~valid).sum()))
         failed = gather(torch.tensor([rewards.failed_calls], device=device))
         metrics["reward/failed_calls"].append(float(failed.sum()))
-        stds = trajectory.stds[trajectory.trainable]
-        metrics["rollout/exploration_std"].append(float(stds.mean()) if stds.numel() else 0.0)
+        stds = trajectory.stds[trajectory.trainable].double()
+        std_sum, count = gather(
+            torch.stack([stds.sum(), stds.new_tensor(stds.numel())])[None].to(device)
+        ).sum(0)
+        metrics["rollout/exploration_std"].append(float(std_sum / count) if count else 0.0)
         metrics["time/rollout"].append(rollout_time)
         metrics["time/advantages"].append(scoring_time)
 
@@ -369,36 +377,65 @@ class SageGRPOTrainer(GRPOTrainer):
 
         All micro-batches but the last are backpropagated here without gradient synchronisation; the last
         one's loss is returned for `transformers.Trainer.training_step` to backpropagate (and synchronise).
-        The returned value equals the whole step's loss for logging.
+
+        Over several processes the loss is the mean over all processes' pairs, as in one process: each process
+        weights its own mean by its share of the pairs (DDP and FSDP then average the gradients), every process
+        runs the same number of micro-batches, at least one (a process with fewer pairs adds weightless ones:
+        every FSDP forward gathers weights from all processes, and a step whose groups all lack signal still
+        steps every weight with a zero gradient), and the metrics and the returned value (what transformers logs
+        as ``loss``) are reduced over processes.
         """
         if return_outputs:
             raise ValueError("SageGRPOTrainer.compute_loss does not return outputs.")
         start = time.perf_counter()
-        trajectory = self._trajectory_from_inputs(inputs)
-        batch = self.algorithm.transitions(
-            trajectory, inputs["advantages"], inputs["usable"], self.backbone, on_policy=self._on_policy()
-        )
-        if (
-            len(batch) == 0
-        ):  # every group without signal: a zero loss that still touches every trainable weight
-            return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
-        chunk_size = len(batch) if self.is_deepspeed_enabled else self.args.micro_batch_size
-        chunks = list(batch.chunks(chunk_size))
-        scale = 1.0 / self.current_gradient_accumulation_steps
-        step_metrics: dict[str, float] = defaultdict(float)
-        earlier_total = 0.0
-        for index, chunk in enumerate(chunks):
-            weight = len(chunk) / len(batch)
+        batch = self._step_transitions(inputs)
+        chunks, share = self._loss_chunks(batch, inputs)
+        scale = share / self.current_gradient_accumulation_steps
+        totals: dict[str, float] = defaultdict(float)
+        for index, (chunk, pairs) in enumerate(chunks):
             loss, metrics = self._chunk_loss(model, chunk)
-            for name, value in metrics.items():
-                step_metrics[name] += float(value) * weight
+            for name, value in {**metrics, "loss": loss.detach()}.items():
+                totals[name] += float(value) * pairs
+            weighted = loss * (pairs / max(len(batch), 1) * scale)
             if index < len(chunks) - 1:
                 with self.accelerator.no_sync(model):
-                    self.accelerator.backward(loss * weight * scale)
-                earlier_total += float(loss.detach()) * weight * scale
-        self._record_step_metrics(step_metrics, time.perf_counter() - start)
-        final = loss * weight * scale
-        return final + earlier_total
+                    self.accelerator.backward(weighted)
+        mean_loss = self._record_step_metrics(totals, len(batch), time.perf_counter() - start)
+        # The gradient is the last micro-batch's; the value is the step's loss over all processes.
+        return weighted + (mean_loss / self.current_gradient_accumulation_steps - float(weighted.detach()))
+
+    def _step_transitions(self, inputs: dict[str, Any], usable: torch.Tensor | None = None) -> Any:
+        """The (sample, step) pairs of this step's samples (``usable``: which samples; the inputs' by default)."""
+        return self.algorithm.transitions(
+            self._trajectory_from_inputs(inputs),
+            inputs["advantages"],
+            inputs["usable"] if usable is None else usable,
+            self.backbone,
+            on_policy=self._on_policy(),
+        )
+
+    def _loss_chunks(self, batch: Any, inputs: dict[str, Any]) -> tuple[list[tuple[Any, int]], float]:
+        """``([(micro-batch, pairs it counts for)], this process's share)``, the same number of micro-batches on
+        every process; the share is ``processes x local pairs / all pairs`` (1 in one process)."""
+        size = max(len(batch), 1) if self.is_deepspeed_enabled else self.args.micro_batch_size
+        chunks = [(chunk, len(chunk)) for chunk in batch.chunks(size)] if len(batch) else []
+        counts = self.accelerator.gather(
+            torch.tensor([[len(chunks), len(batch)]], device=self.accelerator.device)
+        )
+        rounds, total = max(int(counts[:, 0].max()), 1), int(counts[:, 1].sum())
+        if len(chunks) < rounds:
+            padding = self._padding_chunk(batch, inputs, size)
+            chunks += [(padding, 0)] * (rounds - len(chunks))
+        return chunks, (len(counts) * len(batch) / total if total else 0.0)
+
+    def _padding_chunk(self, batch: Any, inputs: dict[str, Any], size: int) -> Any:
+        """A micro-batch to run with weight 0 (its forwards take part in FSDP's gathers, it trains nothing)."""
+        if len(batch):
+            return next(batch.chunks(size))
+        generator = self.algorithm.generator.get_state()  # padding must not change the timesteps drawn next
+        everything = self._step_transitions(inputs, usable=torch.ones_like(inputs["usable"]))
+        self.algorithm.generator.set_state(generator)
+        return next(everything.chunks(size))
 
     def _on_policy(self) -> bool:
         """True when every step of a generation cycle comes before its first optimizer step (as in TRL)."""
@@ -406,7 +443,17 @@ class SageGRPOTrainer(GRPOTrainer):
         return self.args.gradient_accumulation_steps % generate_every == 0
 
     def _chunk_loss(self, model: torch.nn.Module, chunk: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.algorithm.loss(self._policy_view(model), chunk, self.references)
+        loss, metrics = self.algorithm.loss(self._policy_view(model), chunk, self.references)
+        return self._reaching_every_parameter(model, loss), metrics
+
+    def _reaching_every_parameter(self, model: torch.nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        """Under DDP, ``loss`` plus zero times each trainable parameter it does not reach, so that DDP needs no
+        search for unused parameters (`sage_trl.distributed`); the parameters are found on the first loss."""
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return loss
+        if self._unreached is None:
+            self._unreached = parameters_outside(loss, model.module)
+        return loss + sum(p.sum() for p in self._unreached) * 0.0 if self._unreached else loss
 
     def _policy_view(self, model: torch.nn.Module) -> VideoBackbone:
         """The backbone, calling the (possibly DDP-wrapped) ``model`` for its forward."""
@@ -414,15 +461,27 @@ class SageGRPOTrainer(GRPOTrainer):
             return self.backbone
         return _WrappedPolicy(self.backbone, model)
 
-    def _record_step_metrics(self, metrics: dict[str, float], seconds: float) -> None:
-        for name, value in metrics.items():
-            self._metrics["train"][name].append(value)
+    def _record_step_metrics(self, totals: dict[str, float], pairs: int, seconds: float) -> float:
+        """Log the means over all processes' pairs of the per-pair sums ``totals``; returns the mean loss.
+
+        One reduction over processes (every process calls it, with the same metric names).
+        """
+        names = sorted(totals)
+        local = torch.tensor(
+            [*(totals[n] for n in names), pairs], dtype=torch.float64, device=self.accelerator.device
+        )
+        summed = self.accelerator.reduce(local, "sum").tolist()
+        means = {name: total / summed[-1] for name, total in zip(names, summed)} if summed[-1] else {}
+        for name, value in means.items():
+            if name != "loss":
+                self._metrics["train"][name].append(value)
         self._metrics["train"]["time/train_step"].append(seconds)
-        self._kl_values.append(metrics.get("kl/total", 0.0))
+        self._kl_values.append(means.get("kl/total", 0.0))
+        return means.get("loss", 0.0)
 
     def _after_optimizer_step(self) -> None:
-        local = sum(self._kl_values) / len(self._kl_values) if self._kl_values else 0.0
-        kl_value = float(self.accelerator.reduce(torch.tensor(local, device=self.accelerator.device), "mean"))
+        # The recorded KL values are means over all processes already: every process takes the same decision.
+        kl_value = sum(self._kl_values) / len(self._kl_values) if self._kl_values else 0.0
         self._kl_values = []
         self.algorithm.after_optimizer_step(kl_value, self.references)
 
@@ -473,6 +532,10 @@ class SageGRPOTrainer(GRPOTrainer):
             self._load_from_checkpoint(checkpoint)
             self.state = TrainerState.load_from_json(os.path.join(checkpoint, layout.TRAINER_STATE_FILE))
             return TrainOutput(self.state.global_step, float("nan"), {})
+        if checkpoint is not None and self.is_deepspeed_enabled:
+            # DeepSpeed's engine restores the weights from its own checkpoint files, and transformers then skips
+            # _load_from_checkpoint, which also restores the trainer's own state (anchor, counters, rollout seeds).
+            checkpoints.load_trainer_state(self, checkpoint)
         try:
             return super().train(
                 resume_from_checkpoint=checkpoint,
@@ -605,6 +668,20 @@ class SageGRPOTrainer(GRPOTrainer):
             "reward_failures": self.reward_failures.state_dict(),
             "resolved_reward_weights": dict(self.resolved_reward_weights),
         }
+
+    def process_state(self) -> dict[str, Any]:
+        """What differs between the processes of a multi-process run: each saves its own (rollouts it buffered,
+        the timestep generator its batches drew from, the KL values of an unfinished accumulation)."""
+        return {
+            "buffered_inputs": self._buffered_inputs,
+            "kl_values": list(self._kl_values),
+            "generator": self.algorithm.generator.get_state(),
+        }
+
+    def load_process_state(self, state: dict[str, Any]) -> None:
+        """Restore `process_state`."""
+        self._buffered_inputs, self._kl_values = state["buffered_inputs"], state["kl_values"]
+        self.algorithm.generator.set_state(state["generator"])
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Restore `checkpoint_state`."""

@@ -22,6 +22,7 @@ __all__ = [
     "LOCK_FILE",
     "LORA_WEIGHT_NAME",
     "METRICS_FILE",
+    "PROCESS_STATE_STEM",
     "REWARD_CURVE_GLOB",
     "RUN_CONFIG_FILE",
     "RUN_FILES",
@@ -63,6 +64,9 @@ STATE_FILE = "sage_state.json"
 """In a checkpoint: the algorithm's counters, the KL controller and the rollout buffer (JSON, no pickle)."""
 STATE_TENSORS_FILE = "sage_state.safetensors"
 """In a checkpoint: the tensors of the state (moving anchor, generator states, buffered rollouts)."""
+PROCESS_STATE_STEM = "sage_state.process-{index}"
+"""In a checkpoint of a multi-process run: ``<stem>.json`` / ``<stem>.safetensors``, process ``index``'s own state
+(its buffered rollouts and timestep generator), beside the shared state above."""
 TRAINER_STATE_FILE = TRAINER_STATE_NAME
 """In a checkpoint: transformers' ``trainer_state.json`` (global step, log history)."""
 STAGING_PREFIX = f"tmp-{PREFIX_CHECKPOINT_DIR}"

@@ -216,6 +216,18 @@ def test_deepspeed_config_points_to_a_zero2_file_with_trainer_filled_values() ->
         assert settings[name] == "auto"  # filled from the training config by transformers
 
 
+def test_deepspeed_config_leaves_auto_only_what_the_training_config_fills() -> None:
+    # transformers fills other "auto" values from model.config.hidden_size, which diffusers models do not have.
+    settings = json.loads((CONFIGS / "accelerate" / "zero2.json").read_text())
+
+    def auto_keys(values: dict, prefix: str = "") -> set[str]:
+        keys = {f"{prefix}{k}" for k, v in values.items() if v == "auto"}
+        return keys.union(*(auto_keys(v, f"{prefix}{k}.") for k, v in values.items() if isinstance(v, dict)))
+
+    batch = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}
+    assert auto_keys(settings) <= {"bf16.enabled", "gradient_clipping", *batch}
+
+
 def test_multinode_launcher_is_valid_bash_using_the_fsdp2_config() -> None:
     script = CONFIGS / "launch_multinode.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
