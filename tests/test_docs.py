@@ -1,0 +1,244 @@
+"""Every code block of README.md, docs/ and the other READMEs runs, or says why it cannot and is checked anyway.
+
+A fence names its language. ``python`` blocks of one file run in order as one script (a later block may use an
+earlier block's names), in a temporary folder, offline. ``bash`` blocks: ``pip install`` and ``python -m pytest``
+lines are what CI runs (they must be in ``.ci/run``); the other commands run in a temporary folder that links the
+repository's top-level entries (relative paths work, outputs stay out of the checkout), the entry points with the
+small flags below appended so that they finish in seconds. ``python no-run`` and ``bash no-run`` blocks need
+what this machine lacks (a GPU, the Hub, half an hour): the line above says what (it contains "need"); their
+Python must compile and its imports resolve, and every ``--flag`` of their commands must be one the command's
+``--help`` lists. ``text``, ``bibtex``, ``yaml`` and ``json`` blocks are not code (YAML and JSON must parse).
+Inline ``sage-train --flag`` style mentions in prose are checked against ``--help`` the same way.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+LANGUAGES = {"python", "bash", "text", "bibtex", "yaml", "json"}
+ENTRY_POINTS = {"sage-train", "sage-generate", "sage-push"}
+# Appended to a runnable entry-point command so that it finishes in seconds (the later flag wins).
+SMALL_RUN_FLAGS = {
+    "sage-train": ["--max_steps", "1", "--num_eval_prompts", "1", "--eval_seeds", "0"],
+}
+_FENCE = re.compile(r"^```(\S*)(.*)$")
+_INLINE_COMMAND = re.compile(r"`((?:sage-train|sage-generate|sage-push|python -m [\w.]+)(?: [^`]*)?)`")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int  # 1-based line of the opening fence
+    language: str
+    runs: bool
+    code: str
+    reason: str  # the paragraph before the fence
+
+    def __str__(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def markdown_files() -> list[Path]:
+    """README.md, docs/*.md and every README.md of the packages, examples and benchmarks."""
+    nested = [p for p in ROOT.glob("*/**/README.md") if not any(part.startswith(".") for part in p.parts)]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(nested)]
+
+
+def blocks_of(path: Path) -> list[Block]:
+    lines = path.read_text().splitlines()
+    blocks, index = [], 0
+    while index < len(lines):
+        match = _FENCE.match(lines[index])
+        if not match:
+            index += 1
+            continue
+        end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
+        blocks.append(
+            Block(
+                path,
+                index + 1,
+                match.group(1),
+                "no-run" not in match.group(2).split(),
+                "\n".join(lines[index + 1 : end]) + "\n",
+                paragraph_before(lines, index),
+            )
+        )
+        index = end + 1
+    return blocks
+
+
+def paragraph_before(lines: list[str], index: int) -> str:
+    """The lines of the paragraph that ends just above ``lines[index]``."""
+    end = index
+    while end > 0 and not lines[end - 1].strip():
+        end -= 1
+    start = end
+    while start > 0 and lines[start - 1].strip():
+        start -= 1
+    return " ".join(lines[start:end])
+
+
+ALL_BLOCKS = [block for path in markdown_files() for block in blocks_of(path)]
+
+
+def offline_environment() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+
+
+def commands_of(code: str) -> list[str]:
+    """Shell commands of a bash block: continuation lines joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n", " ", code)
+    return [
+        shlex.join(shlex.split(line, comments=True))
+        for line in joined.splitlines()
+        if shlex.split(line, comments=True)
+    ]
+
+
+@cache
+def help_text(program: str) -> str:
+    """``program --help`` (an entry point, or ``python -m module``)."""
+    argv = program.split() if program in ENTRY_POINTS else [sys.executable, "-m", program.split()[-1]]
+    done = subprocess.run(
+        [*argv, "--help"], capture_output=True, text=True, env=offline_environment(), cwd=ROOT, timeout=300
+    )
+    assert done.returncode == 0, f"{program} --help failed:\n{done.stderr[-2000:]}"
+    return done.stdout
+
+
+def program_of(command: list[str]) -> str | None:
+    if command[0] in ENTRY_POINTS:
+        return command[0]
+    if command[:2] == ["python", "-m"] and len(command) > 2 and command[2] != "pytest":
+        return f"python -m {command[2]}"
+    return None
+
+
+def unknown_flags(command: list[str]) -> list[str]:
+    program = program_of(command)
+    if program is None:
+        return []
+    flags = [token.split("=")[0] for token in command if token.startswith("--")]
+    listed = set(re.findall(r"--[\w-]+", help_text(program)))
+    return [flag for flag in flags if flag not in listed]
+
+
+def ci_script() -> str:
+    return (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_fence_names_its_language() -> None:
+    unlabelled = [f"{b} (```{b.language})" for b in ALL_BLOCKS if b.language not in LANGUAGES]
+    assert not unlabelled, f"label these code blocks with one of {sorted(LANGUAGES)}: {unlabelled}"
+
+
+def test_every_block_that_does_not_run_says_what_it_needs() -> None:
+    silent = [str(b) for b in ALL_BLOCKS if not b.runs and not re.search(r"\bneeds?\b", b.reason, re.I)]
+    assert not silent, f"a no-run block needs a line above it saying what it needs: {silent}"
+
+
+def test_data_blocks_parse() -> None:
+    for block in (b for b in ALL_BLOCKS if b.language in ("yaml", "json")):
+        (yaml.safe_load if block.language == "yaml" else json.loads)(block.code)
+
+
+def _python_files() -> list[Path]:
+    return sorted({b.path for b in ALL_BLOCKS if b.language == "python" and b.runs})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_blocks_run(path: Path, tmp_path: Path) -> None:
+    blocks = [b for b in ALL_BLOCKS if b.path == path and b.language == "python" and b.runs]
+    script = "".join(f"# --- {b} ---\n{b.code}" for b in blocks)
+    (tmp_path / "docs_blocks.py").write_text(script)
+    done = subprocess.run(
+        [sys.executable, "docs_blocks.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**offline_environment(), "PYTHONPATH": str(ROOT)},
+        timeout=600,
+    )
+    assert done.returncode == 0, f"the Python blocks of {path.name} failed:\n{script}\n{done.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.language == "python" and not b.runs], ids=str)
+def test_python_blocks_that_need_more_compile_and_import(block: Block) -> None:
+    tree = ast.parse(block.code, filename=str(block))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                importlib.import_module(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                assert hasattr(module, alias.name), f"{block}: {node.module} has no {alias.name}"
+
+
+def _bash_commands(runs: bool) -> list:
+    return [
+        pytest.param(b, c, id=f"{b}: {c}")
+        for b in ALL_BLOCKS
+        if b.language == "bash" and b.runs == runs
+        for c in commands_of(b.code)
+    ]
+
+
+@pytest.mark.parametrize("block,command", _bash_commands(runs=False))
+def test_commands_that_need_more_use_existing_flags(block: Block, command: str) -> None:
+    assert not unknown_flags(shlex.split(command)), (
+        f"{block}: {command!r} uses flags its --help does not list"
+    )
+
+
+def _is_ci_command(command: list[str]) -> bool:
+    return command[:2] == ["pip", "install"] or command[:3] == ["python", "-m", "pytest"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block,command", _bash_commands(runs=True))
+def test_bash_commands_run(block: Block, command: str, tmp_path: Path) -> None:
+    argv = shlex.split(command)
+    if _is_ci_command(argv):
+        assert command in ci_script().replace('".[dev]"', "'.[dev]'"), f"{block}: CI does not run {command!r}"
+        return
+    argv = [*argv, *SMALL_RUN_FLAGS.get(argv[0], [])]
+    for entry in ROOT.iterdir():  # relative paths as from the repository root; outputs land in tmp_path
+        if not entry.name.startswith("."):
+            (tmp_path / entry.name).symlink_to(entry)
+    done = subprocess.run(
+        argv, cwd=tmp_path, capture_output=True, text=True, env=offline_environment(), timeout=600
+    )
+    assert done.returncode == 0, f"{block}: {shlex.join(argv)} failed:\n{done.stderr[-4000:]}"
+
+
+def _inline_commands() -> list:
+    found = {}
+    for path in markdown_files():
+        for command in _INLINE_COMMAND.findall(path.read_text()):
+            if "<" not in command and "..." not in command:
+                found[path, " ".join(command.split())] = None
+    return [pytest.param(path, command, id=f"{path.relative_to(ROOT)}: {command}") for path, command in found]
+
+
+@pytest.mark.parametrize("path,command", _inline_commands())
+def test_commands_in_prose_use_existing_flags(path: Path, command: str) -> None:
+    argv = shlex.split(command)
+    assert not unknown_flags(argv), (
+        f"{path.relative_to(ROOT)}: `{command}` uses flags its --help does not list"
+    )
