@@ -122,11 +122,10 @@ def measure_config(path: Path, overrides: Sequence[str] = (), *, weights: str = 
     from sage_trl.preflight.measure import measure_training_step
     from sage_trl.preflight.models import build_pipeline
     from sage_trl.preflight.runner import backbone_for
-    from sage_trl.preflight.steps import RunSettings, parameter_dtype
 
     script_args, config = parse_config(path, overrides)
     lora_config = script_args.peft_config()
-    dtype = parameter_dtype(RunSettings.from_config(config), lora_config is not None)
+    dtype = config.parameter_dtype(lora_config is not None)
     if weights == "pretrained":
         backbone = load_backbone(config.model_name_or_path, torch_dtype=dtype, device="cuda")
     else:

@@ -64,7 +64,8 @@ _USED_GRPO_FIELDS = {
     "num_completions_to_print",
     "log_unique_prompts",
 }
-_DTYPES = ("float32", "bfloat16", "float16")
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The values of ``torch_dtype`` and the dtypes they name."""
 _MODEL_FIELDS = {
     "num_frames": "num_frames",
     "height": "height",
@@ -261,6 +262,14 @@ class SageGRPOFields(GRPOConfig):
         self.gradient_checkpointing = False
         self.activation_checkpointing = False
 
+    def parameter_dtype(self, lora: bool) -> torch.dtype:
+        """The dtype the model's weights are loaded in: ``torch_dtype`` when set; else bf16 for a LoRA run with
+        ``bf16`` (the frozen base) and float32 otherwise. Full fine-tuning keeps fp32 master weights and computes
+        under bf16 autocast: Adam updates of ~1e-5 relative size would round away in bf16 weights."""
+        if self.torch_dtype:
+            return TORCH_DTYPES[self.torch_dtype]
+        return torch.bfloat16 if self.bf16 and lora else torch.float32
+
     def resolve_model_defaults(self, pipeline_class: str | None = None) -> None:
         """Fill the video and sampling fields left None from the model's own defaults (`sage_env.models`).
 
@@ -314,8 +323,10 @@ class SageGRPOFields(GRPOConfig):
             raise ValueError(f"save_steps must be > 0 with save_strategy='steps', got {self.save_steps}.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}.")
-        if self.torch_dtype not in (None, *_DTYPES):
-            raise ValueError(f"torch_dtype must be one of {', '.join(_DTYPES)}, got {self.torch_dtype!r}.")
+        if self.torch_dtype not in (None, *TORCH_DTYPES):
+            raise ValueError(
+                f"torch_dtype must be one of {', '.join(TORCH_DTYPES)}, got {self.torch_dtype!r}."
+            )
 
     def _validate_sampling(self) -> None:
         for name in ("num_frames", "height", "width", "num_inference_steps"):

@@ -39,6 +39,7 @@ from sage_env.models import (
     pipeline_class_of,
 )
 from sage_env.video_io import WRITABLE_SUFFIXES, write_video
+from sage_trl.config import TORCH_DTYPES
 
 __all__ = [
     "GenerationSettings",
@@ -49,7 +50,6 @@ __all__ = [
     "write_grid",
 ]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _MIN_GRID_SIDE = 64
 """Videos smaller than this (the toy's 16 x 16) are upscaled (nearest) in the written file."""
 
@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         "--output", default="samples.gif", help="Output .gif or .mp4 (a grid: prompts x seeds)."
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available).")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="Model dtype.")
+    parser.add_argument("--dtype", choices=sorted(TORCH_DTYPES), default="float32", help="Model dtype.")
     return parser
 
 
@@ -161,7 +161,7 @@ def resolve_settings(args: argparse.Namespace) -> GenerationSettings:
         fps=defaults.fps,
         output=output,
         device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
-        dtype=_DTYPES[args.dtype],
+        dtype=TORCH_DTYPES[args.dtype],
         **sizes,
     )
 

@@ -3,17 +3,16 @@
 What it reuses from TRL (see `sage_trl._trl_compat`): the group-repeat sampler, generation buffering,
 the training step and metric logging. What it adds: rollouts through `sage_env.DenoisingVectorEnv`, the
 loss of any registered algorithm (`agents`; SAGE-GRPO by default), LoRA through peft with the moving
-anchor as an adapter snapshot, diffusers-format saving, and checkpoints that resume exactly.
+anchor as an adapter snapshot; and, through `sage_trl.run_folder_trainer.RunFolderTrainerMixin`, a run folder that
+is claimed, resumed and finished by rule, diffusers-format saving, checkpoints that resume exactly and the Hub push.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,37 +20,25 @@ import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset
 from transformers import TrainerCallback, set_seed
-from transformers.trainer_callback import TrainerState
-from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 from trl import GRPOTrainer
 
 from agents import ALGORITHM_CLASSES, PolicyGradientAlgorithm, References
-from sage_env.backbones import BACKBONES, VideoBackbone, load_backbone
-from sage_env.env import BackbonePolicy, DenoisingVectorEnv, Trajectory, run_episode
+from sage_env.backbones import VideoBackbone
+from sage_env.env import BackbonePolicy, Trajectory, run_episode
 from sage_env.rewards import CompositeReward, RewardFailureMonitor
-from sage_trl import _trl_compat, checkpoints, hub
+from sage_trl import _trl_compat
+from sage_trl import training_setup as setup
 from sage_trl.config import SageGRPOConfig
 from sage_trl.distributed import check_launch, parameters_outside, release_process_group_at_exit
-from sage_trl.hub.upload import check_license
 from sage_trl.lora import add_lora
 from sage_trl.outputs import MetricsFileCallback
-from sage_trl.run_folder import RunFolder, RunFolderError, RunStart, layout, plan_start
-from sage_trl.run_folder.writes import guarded_write
+from sage_trl.run_folder import layout
+from sage_trl.run_folder_trainer import RunFolderTrainerMixin
 
 __all__ = ["SageGRPOTrainer"]
 
 logger = logging.get_logger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_UNSUPPORTED_ARGUMENTS = {
-    "processing_class": "video backbones bring their own text encoders",
-    "reward_processing_classes": "reward functions take decoded videos",
-    "tools": "tool calling is for language models",
-    "rollout_func": "rollouts run through sage_env's denoising environment",
-    "environment_factory": "the environment is sage_env's DenoisingVectorEnv",
-    "quantization_config": "quantised video transformers are not supported yet",
-}
 
 
 class _AlgorithmCallback(TrainerCallback):
@@ -64,7 +51,7 @@ class _AlgorithmCallback(TrainerCallback):
         self.trainer._after_optimizer_step()
 
 
-class SageGRPOTrainer(GRPOTrainer):
+class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
     """Trainer for RL post-training of flow-matching text-to-video models (SAGE-GRPO by default).
 
     Args:
@@ -106,7 +93,7 @@ class SageGRPOTrainer(GRPOTrainer):
         rollout_func: Any = None,
         environment_factory: Any = None,
     ) -> None:
-        self._refuse_unsupported(locals())
+        setup.refuse_unsupported_arguments(locals())
         if eval_dataset is not None:
             raise ValueError(
                 "eval_dataset is not supported yet; evaluate with sage_env and agents.act on held-out prompts."
@@ -115,18 +102,18 @@ class SageGRPOTrainer(GRPOTrainer):
         if not isinstance(args, SageGRPOConfig):
             raise ValueError(f"args must be a SageGRPOConfig, got {type(args).__name__}.")
         set_seed(args.seed)  # the adapter's random init must follow the run's seed
-        self.backbone = self._load_backbone(model, args, lora=peft_config is not None)
+        self.backbone = setup.load_training_backbone(model, args, lora=peft_config is not None)
         self.model_name_or_path = model if isinstance(model, str) else args.model_name_or_path
-        self.pipeline_class = pipeline_class_name(self.backbone)
+        self.pipeline_class = setup.pipeline_class_name(self.backbone)
         args.resolve_model_defaults(self.pipeline_class)
-        _check_video_size(args)
+        setup.check_video_size(args)
         self.peft_config = add_lora(self.backbone, peft_config) if peft_config is not None else None
         if peft_config is None:
             self.backbone.transformer.requires_grad_(True)
         algorithm_config = args.algorithm_config()
         self.algorithm: PolicyGradientAlgorithm = ALGORITHM_CLASSES[args.algorithm](algorithm_config)
-        self.reward = self._composite_reward(reward_funcs, args)
-        train_dataset = self._prompt_dataset(train_dataset)
+        self.reward = setup.composite_reward(reward_funcs, args)
+        train_dataset = setup.prompt_dataset(train_dataset)
         self.dataset_name: str | None = train_dataset.info.dataset_name
         _trl_compat.make_config_reportable(self.backbone.transformer)
         if args.ddp_find_unused_parameters is None:  # every parameter reaches the loss (sage_trl.distributed)
@@ -144,7 +131,7 @@ class SageGRPOTrainer(GRPOTrainer):
         _trl_compat.init_grpo_state(self, args)
         self._enable_memory_savers(args)
         self.references: References = self.algorithm.build_references(self.backbone.transformer)
-        self.env = self._build_env(args)
+        self.env = setup.training_env(self.backbone, self.reward, args, self.accelerator.device)
         self._generation_round = 0
         self.resolved_reward_weights: dict[str, float] = {}
         self.reward_failures = RewardFailureMonitor(args.max_consecutive_reward_failures)
@@ -157,85 +144,13 @@ class SageGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             release_process_group_at_exit(self)
 
-    # -- construction ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _refuse_unsupported(arguments: dict[str, Any]) -> None:
-        for name, reason in _UNSUPPORTED_ARGUMENTS.items():
-            if arguments.get(name) is not None:
-                raise ValueError(f"SageGRPOTrainer does not take {name}: {reason}.")
-
-    @staticmethod
-    def _load_backbone(model: VideoBackbone | str | None, args: SageGRPOConfig, lora: bool) -> VideoBackbone:
-        # LoRA: frozen bf16 base weights on GPU, fp32 adapter. Full fine-tuning keeps fp32 master weights (bf16
-        # autocast computes in bf16): Adam updates of ~1e-5 relative size would round away in bf16 weights.
-        if args.torch_dtype:
-            dtype = _DTYPES[args.torch_dtype]
-        else:
-            dtype = torch.bfloat16 if args.bf16 and lora else torch.float32
-        return load_backbone(
-            model if model is not None else args.model_name_or_path,
-            backbone=args.backbone,
-            torch_dtype=dtype,
-            device=args.device,
-        )
-
-    @staticmethod
-    def _composite_reward(reward_funcs: Any, args: SageGRPOConfig) -> CompositeReward:
-        if isinstance(reward_funcs, CompositeReward):
-            return reward_funcs
-        return CompositeReward(reward_funcs, args.reward_weights_for_composite())
-
-    @staticmethod
-    def _prompt_dataset(train_dataset: Any) -> Dataset:
-        if train_dataset is None:
-            raise ValueError(
-                "train_dataset is required: a datasets.Dataset with a 'prompt' column or a list of prompts."
-            )
-        if isinstance(train_dataset, Dataset):
-            if "prompt" not in train_dataset.column_names:
-                raise ValueError(
-                    f"train_dataset needs a 'prompt' column, it has {train_dataset.column_names}."
-                )
-            return train_dataset
-        prompts = list(train_dataset)
-        if not prompts or not all(isinstance(p, str) and p for p in prompts):
-            raise ValueError(
-                "train_dataset must be a non-empty list of prompt strings or a Dataset with 'prompt'."
-            )
-        return Dataset.from_dict({"prompt": prompts})
-
-    def _build_env(self, args: SageGRPOConfig) -> DenoisingVectorEnv:
-        local_samples = args.per_device_train_batch_size * args.steps_per_generation
-        return DenoisingVectorEnv(
-            self.backbone,
-            self.reward,
-            num_envs=local_samples,
-            group_size=1,
-            num_frames=args.num_frames,
-            height=args.height,
-            width=args.width,
-            num_steps=args.num_inference_steps,
-            shift=args.shift,
-            sde=args.sde,
-            eta=args.eta,
-            sde_window=tuple(args.sde_window) if args.sde_window else None,
-            log_prob_kind=args.log_prob_kind,
-            fps=args.fps,
-            device=self.accelerator.device,
-            array_mode="torch",
-        )
-
     def _enable_memory_savers(self, args: SageGRPOConfig) -> None:
         """The switches of docs/training_on_gpus.md; each leaves the training result unchanged."""
-        if args.diffusers_gradient_checkpointing:
-            self.backbone.transformer.enable_gradient_checkpointing()
-        self.backbone.enable_vae_memory_savers(tiling=args.vae_tiling, slicing=args.vae_slicing)
+        setup.enable_memory_savers(self.backbone, args)
         if args.precompute_prompt_embeddings:
-            prompts = list(dict.fromkeys(self.train_dataset["prompt"]))
-            for start in range(0, len(prompts), 64):
-                self.backbone.encode_prompts(prompts[start : start + 64], args.negative_prompt)
-            self.backbone.offload_text_encoders()
+            setup.precompute_prompt_embeddings(
+                self.backbone, self.train_dataset["prompt"], args.negative_prompt
+            )
 
     def _get_train_sampler(self, dataset: Dataset | None = None) -> _trl_compat.EpochSeededRepeatSampler:
         """GRPO's group-repeat sampler, shuffled per epoch from the seed so that resuming is exact."""
@@ -485,176 +400,7 @@ class SageGRPOTrainer(GRPOTrainer):
         self._kl_values = []
         self.algorithm.after_optimizer_step(kl_value, self.references)
 
-    # -- training, Hub ----------------------------------------------------------------------------
-
-    def train(
-        self,
-        resume_from_checkpoint: str | bool | None = None,
-        trial: Any = None,
-        ignore_keys_for_eval: list[str] | None = None,
-        **kwargs: Any,
-    ) -> TrainOutput:
-        """`transformers.Trainer.train` in a claimed run folder (the rules: `sage_trl.run_folder.folder`).
-
-        Before anything is loaded or written, a folder holding another run is refused (unless
-        ``overwrite_output_dir``), a resume without a checkpoint is an error, and a finished run is reported as
-        finished without training. At the end the final model is saved into ``output_dir`` and
-        ``training_complete.json`` is written last: only a run that got there can be pushed.
-        """
-        start = self.plan_run(resume_from_checkpoint)
-        self.accelerator.wait_for_everyone()  # every process has validated before the main one writes
-        start.begin(main_process=self.is_world_process_zero())
-        try:
-            self.accelerator.wait_for_everyone()
-            if start.finished is not None:
-                return self._finished_run(start.finished)
-            output = self._train_from(start, trial, ignore_keys_for_eval, **kwargs)
-            self._finish_run(output)
-            return output
-        finally:
-            start.end()
-
-    def plan_run(self, resume_from_checkpoint: str | bool | None = None) -> RunStart:
-        """How `train` would start in ``output_dir`` (see `sage_trl.run_folder.plan_start`); changes nothing."""
-        return plan_start(
-            self.args.output_dir,
-            resume_from_checkpoint=resume_from_checkpoint,
-            overwrite=self.args.overwrite_output_dir,
-            max_steps=self.args.max_steps,
-        )
-
-    def _train_from(
-        self, start: RunStart, trial: Any, ignore_keys_for_eval: Any, **kwargs: Any
-    ) -> TrainOutput:
-        checkpoint = str(start.checkpoint) if start.checkpoint is not None else None
-        if checkpoint is not None and 0 < self.args.max_steps <= start.checkpoint_step:
-            # Killed after its last checkpoint: no step is left. Restore the checkpoint and finish the run.
-            self._load_from_checkpoint(checkpoint)
-            self.state = TrainerState.load_from_json(os.path.join(checkpoint, layout.TRAINER_STATE_FILE))
-            return TrainOutput(self.state.global_step, float("nan"), {})
-        if checkpoint is not None and self.is_deepspeed_enabled:
-            # DeepSpeed's engine restores the weights from its own checkpoint files, and transformers then skips
-            # _load_from_checkpoint, which also restores the trainer's own state (anchor, counters, rollout seeds).
-            checkpoints.load_trainer_state(self, checkpoint)
-        try:
-            return super().train(
-                resume_from_checkpoint=checkpoint,
-                trial=trial,
-                ignore_keys_for_eval=ignore_keys_for_eval,
-                **kwargs,
-            )
-        except (
-            pickle.UnpicklingError
-        ) as error:  # transformers loads its checkpoint files with weights_only=True
-            raise RunFolderError(
-                f"Refused to load checkpoint {checkpoint}: one of its files holds pickled objects other than "
-                f"tensors and numbers, which could run code when loaded ({error}). Resume from a checkpoint you "
-                "wrote yourself."
-            ) from error
-
-    def _finish_run(self, output: TrainOutput) -> None:
-        """Save the final model into ``output_dir``, then write the completion record (main process)."""
-        with guarded_write("the final model", self.args.output_dir, survived=self._survivor()):
-            self.save_model(self.args.output_dir)
-            if self.is_world_process_zero():
-                summary = {k: v for k, v in output.metrics.items() if isinstance(v, (int, float))}
-                RunFolder(self.args.output_dir).mark_complete(
-                    self.state.global_step, self.state.max_steps, **summary
-                )
-
-    def _survivor(self) -> str:
-        latest = RunFolder(self.args.output_dir).latest_checkpoint()
-        return f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
-
-    def _finished_run(self, completion: dict[str, Any]) -> TrainOutput:
-        """A finished run asked to resume: load its final weights, train nothing, say so."""
-        checkpoints.load_model_weights(self, self.args.output_dir)
-        self.state.global_step = int(completion["global_step"])
-        self.state.max_steps = completion.get("max_steps") or self.state.global_step
-        logger.warning(
-            "%s holds a finished run (step %s of %s): nothing to train. Raise max_steps to train further.",
-            self.args.output_dir,
-            completion["global_step"],
-            completion.get("max_steps"),
-        )
-        return TrainOutput(self.state.global_step, float(completion.get("train_loss", float("nan"))), {})
-
-    def _hub_repo_id(self) -> str:
-        """TRL's convention: ``hub_model_id``, else the output folder's name (in the token's namespace)."""
-        return (
-            getattr(self, "hub_model_id", None)
-            or self.args.hub_model_id
-            or Path(self.args.output_dir).absolute().name
-        )
-
-    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        """Before training with ``push_to_hub=True``: check license, token and network and create the repo, so a
-        push that cannot happen fails now rather than after training."""
-        self.push_in_progress = None
-        if not self.is_world_process_zero():
-            return
-        check_license(self.args.hub_license)
-        private = private if private is not None else self.args.hub_private_repo
-        _, self.hub_model_id = hub.prepare_hub_repo(
-            self._hub_repo_id(), token=token or self.args.hub_token, private=private
-        )
-
-    def push_to_hub(
-        self,
-        commit_message: str | None = "End of training",
-        blocking: bool = True,
-        token: str | None = None,
-        revision: str | None = None,
-        private: bool | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """Upload ``output_dir`` (diffusers-format weights, config and run record, curves, samples, model card).
-
-        Refuses a run that did not finish. Only the main process uploads. ``kwargs``: ``license``, ``base_model``.
-        """
-        self.save_model(_internal_call=True)
-        if not self.is_world_process_zero():
-            return None
-        return hub.push_output_dir(
-            self.args.output_dir,
-            self._hub_repo_id(),
-            private=private if private is not None else self.args.hub_private_repo,
-            token=token or self.args.hub_token,
-            license=kwargs.pop("license", None) or self.args.hub_license,
-            commit_message=commit_message or "End of training",
-            revision=revision or self.args.hub_revision,
-            **kwargs,
-        )
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """Intermediate push of a checkpoint following ``hub_strategy`` (the weights in the diffusers format)."""
-        if not self.is_world_process_zero() or not self.args.push_to_hub:
-            return
-        hub.push_checkpoint(
-            checkpoint_folder,
-            self._hub_repo_id(),
-            strategy=str(getattr(self.args.hub_strategy, "value", self.args.hub_strategy)),
-            license=self.args.hub_license,
-            token=self.args.hub_token,
-            private=self.args.hub_private_repo,
-            revision=self.args.hub_revision,
-        )
-
-    # -- saving (sage_trl.checkpoints) ------------------------------------------------------------
-
-    def _save(self, output_dir: str | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Save the adapter (diffusers LoRA format) or the full transformer (diffusers folder) and the config."""
-        checkpoints.save_model_files(self, output_dir or self.args.output_dir, state_dict)
-
-    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
-        """Write ``checkpoint-N`` atomically (`sage_trl.checkpoints.save_checkpoint`)."""
-        checkpoints.save_checkpoint(self, trial)
-
-    def _load_from_checkpoint(
-        self, resume_from_checkpoint: str, model: torch.nn.Module | None = None
-    ) -> None:
-        """Restore weights (adapter or transformer) and the trainer's state from ``resume_from_checkpoint``."""
-        checkpoints.load_checkpoint(self, resume_from_checkpoint)
+    # -- the trainer's own state in checkpoints (saved and loaded by sage_trl.checkpoints) ----------------------
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The trainer's own state in a checkpoint (tensors, numbers, strings: saved without pickle)."""
@@ -692,25 +438,6 @@ class SageGRPOTrainer(GRPOTrainer):
         self._buffered_inputs, self._kl_values = state["buffered_inputs"], state["kl_values"]
         self.reward_failures.load_state_dict(state["reward_failures"])
         self.resolved_reward_weights = dict(state["resolved_reward_weights"])
-
-
-def pipeline_class_name(backbone: VideoBackbone) -> str | None:
-    """The registry name (pipeline class) of a backbone's class, None for an unregistered backbone."""
-    target = f"{type(backbone).__module__}:{type(backbone).__name__}"
-    return next((name for name, registered in BACKBONES.items() if registered == target), None)
-
-
-def _check_video_size(args: SageGRPOConfig) -> None:
-    missing = [
-        name
-        for name in ("num_frames", "height", "width", "num_inference_steps")
-        if getattr(args, name) is None
-    ]
-    if missing:
-        raise ValueError(
-            f"{', '.join(missing)} must be set: the model declares no default (see sage_env.models for the models "
-            "that do)."
-        )
 
 
 class _WrappedPolicy:

@@ -37,7 +37,7 @@ def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
             return model
         raise AssertionError("a model was loaded before the bad input was refused")
 
-    monkeypatch.setattr("sage_trl.trainer.load_backbone", refuse)
+    monkeypatch.setattr("sage_trl.training_setup.load_backbone", refuse)
     monkeypatch.setattr("sage_env.backbones._backbone_class", refuse)  # after load_backbone's own path checks
 
 

@@ -152,7 +152,7 @@ def _resident(
 
 def _setting(config: Any, lora_config: Any, settings: steps.RunSettings) -> str:
     lora = f"LoRA r{lora_config.r}" if lora_config is not None else "full fine-tuning"
-    dtype = str(steps.parameter_dtype(settings, lora_config is not None)).removeprefix("torch.")
+    dtype = str(config.parameter_dtype(lora_config is not None)).removeprefix("torch.")
     checkpointing = "gradient checkpointing" if settings.gradient_checkpointing else "no checkpointing"
     return (
         f"{lora}, {dtype} weights, {checkpointing}, {settings.num_frames} x {settings.height} x {settings.width}, "
@@ -173,7 +173,7 @@ def trace_plan(
     configs = model_configs or resolve_model_configs(config.model_name_or_path)
     with trace_session() as meter:
         recorder = _TraceRecorder(meter)
-        pipeline = build_pipeline(configs, steps.parameter_dtype(settings, lora_config is not None))
+        pipeline = build_pipeline(configs, config.parameter_dtype(lora_config is not None))
         backbone = backbone_for(configs, pipeline)
         reward_models = build_reward_models(rewards)
         meter.set_host(_tensors(reward_models), settings.reward_offload)

@@ -33,16 +33,15 @@ from agents import ALGORITHM_CLASSES, PolicyGradientAlgorithm, References
 from sage_env import sde
 from sage_env.backbones import PromptConditioning, VideoBackbone
 from sage_env.env import BackbonePolicy, DenoisingVectorEnv, Trajectory
+from sage_trl import training_setup
 
 __all__ = [
-    "PRECOMPUTE_CHUNK",
     "RunSettings",
     "TrainingRun",
     "allocate_rollout_buffer",
     "decode_phase",
     "encode_phase",
     "optimizer_phase",
-    "parameter_dtype",
     "precompute_prompts",
     "prepare_run",
     "rollout_phase",
@@ -53,12 +52,6 @@ __all__ = [
     "training_trajectory",
 ]
 
-PRECOMPUTE_CHUNK = 64
-"""Prompts `SageGRPOTrainer` encodes per call when ``precompute_prompt_embeddings`` is on (its
-``_enable_memory_savers`` loop)."""
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -68,8 +61,6 @@ class RunSettings:
     height: int
     width: int
     num_inference_steps: int
-    shift: float
-    sde_window: tuple[int, int] | None
     per_device_train_batch_size: int
     steps_per_generation: int
     gradient_accumulation_steps: int
@@ -78,12 +69,9 @@ class RunSettings:
     rollout_batch_size: int | None
     bf16: bool
     fp16: bool
-    torch_dtype: str | None
     gradient_checkpointing: bool
     precompute_prompt_embeddings: bool
     offload_text_encoders: bool
-    vae_tiling: bool
-    vae_slicing: bool
     reward_offload: bool
     algorithm: str
 
@@ -91,14 +79,11 @@ class RunSettings:
     def from_config(cls, config: Any) -> RunSettings:
         """Read the fields of a `sage_trl.SageGRPOConfig` (the algorithm's own fields come from
         ``config.algorithm_config()``)."""
-        window = getattr(config, "sde_window", None)
         return cls(
             num_frames=config.num_frames,
             height=config.height,
             width=config.width,
             num_inference_steps=config.num_inference_steps,
-            shift=config.shift,
-            sde_window=tuple(window) if window else None,
             per_device_train_batch_size=config.per_device_train_batch_size,
             steps_per_generation=config.steps_per_generation,
             gradient_accumulation_steps=config.gradient_accumulation_steps,
@@ -107,12 +92,9 @@ class RunSettings:
             rollout_batch_size=config.rollout_batch_size,
             bf16=bool(config.bf16),
             fp16=bool(config.fp16),
-            torch_dtype=config.torch_dtype,
             gradient_checkpointing=bool(config.diffusers_gradient_checkpointing),
             precompute_prompt_embeddings=bool(config.precompute_prompt_embeddings),
             offload_text_encoders=bool(config.offload_text_encoders),
-            vae_tiling=bool(config.vae_tiling),
-            vae_slicing=bool(config.vae_slicing),
             reward_offload=bool(config.reward_offload),
             algorithm=config.algorithm,
         )
@@ -127,14 +109,6 @@ class RunSettings:
         """Rollout rounds between two optimizer steps (TRL generates every ``steps_per_generation x
         num_iterations`` training steps, an optimizer step comes every ``gradient_accumulation_steps``)."""
         return self.gradient_accumulation_steps / (self.steps_per_generation * self.num_iterations)
-
-
-def parameter_dtype(settings: RunSettings, lora: bool) -> torch.dtype:
-    """The trainer's parameter dtype: ``torch_dtype`` when set; else bf16 for a LoRA run with ``bf16`` (frozen
-    base) and float32 otherwise (full fine-tuning keeps fp32 master weights and computes under autocast)."""
-    if settings.torch_dtype:
-        return _DTYPES[settings.torch_dtype]
-    return torch.bfloat16 if settings.bf16 and lora else torch.float32
 
 
 def _autocast_dtype(settings: RunSettings) -> torch.dtype | None:
@@ -184,26 +158,9 @@ def _optimizer(config: Any, parameters: list[torch.nn.Parameter]) -> torch.optim
     return optimizer_class(parameters, **kwargs)
 
 
-def _environment(backbone: VideoBackbone, settings: RunSettings, algorithm_config: Any) -> DenoisingVectorEnv:
-    """The trainer's environment (`SageGRPOTrainer._build_env`): its schedule, SDE window and latent shape."""
-    return DenoisingVectorEnv(
-        backbone,
-        lambda videos, prompts, **kwargs: torch.zeros(
-            len(prompts)
-        ),  # required; never called: no episode ends
-        num_envs=settings.local_videos,
-        group_size=1,
-        num_frames=settings.num_frames,
-        height=settings.height,
-        width=settings.width,
-        num_steps=settings.num_inference_steps,
-        shift=settings.shift,
-        sde=algorithm_config.sde,
-        eta=algorithm_config.eta,
-        sde_window=settings.sde_window,
-        log_prob_kind=algorithm_config.log_prob_kind,
-        array_mode="torch",
-    )
+def _never_called_reward(videos: Any, prompts: Sequence[str], **kwargs: Any) -> torch.Tensor:
+    """The environment's reward: a phase never ends an episode, so it is never called."""
+    return torch.zeros(len(prompts))
 
 
 def prepare_run(
@@ -230,9 +187,7 @@ def prepare_run(
     algorithm_config = config.algorithm_config()
     algorithm = ALGORITHM_CLASSES[settings.algorithm](algorithm_config)
     _wrap_mixed_precision(backbone.transformer, _autocast_dtype(settings))
-    if settings.gradient_checkpointing:
-        backbone.transformer.enable_gradient_checkpointing()
-    backbone.enable_vae_memory_savers(tiling=settings.vae_tiling, slicing=settings.vae_slicing)
+    training_setup.enable_memory_savers(backbone, config)
     if before_references is not None:
         before_references(backbone)
     backbone.transformer.train()
@@ -243,7 +198,7 @@ def prepare_run(
         algorithm=algorithm,
         references=algorithm.build_references(backbone.transformer),
         optimizer=_optimizer(config, trainable),
-        env=_environment(backbone, settings, algorithm_config),
+        env=training_setup.training_env(backbone, _never_called_reward, config),
         max_grad_norm=config.max_grad_norm,
         negative_prompt=algorithm_config.negative_prompt,
         guidance_scale=algorithm_config.guidance_scale,
@@ -269,8 +224,8 @@ def round_prompts(settings: RunSettings) -> list[str]:
 
 
 def precompute_prompts() -> list[str]:
-    """One call of the trainer's prompt precomputation: `PRECOMPUTE_CHUNK` distinct prompts, the round's first."""
-    return [f"prompt {index}" for index in range(PRECOMPUTE_CHUNK)]
+    """One call of the trainer's prompt precomputation: `training_setup.PROMPT_ENCODE_CHUNK` distinct prompts, the round's first."""
+    return [f"prompt {index}" for index in range(training_setup.PROMPT_ENCODE_CHUNK)]
 
 
 def encode_phase(

@@ -56,3 +56,15 @@ def test_the_trainer_resolves_each_algorithm_to_its_own_defaults(algorithm: str,
     for name in ALGORITHM_FIELDS:
         if name != "guidance_scale":  # the model's (the toy's 1.0), not the algorithm's
             assert getattr(resolved, name) == getattr(defaults, name), name
+
+
+def test_the_toy_preset_trains_what_the_toy_environment_explores(tmp_path: Path) -> None:
+    """`sage-train` on the toy and ``gym.make("sage_env/Toy-v0")`` sample with the same SDE settings and schedule."""
+    from sage_env.toy.env import TOY_ENV_DEFAULTS
+
+    config = SageGRPOConfig.from_preset("toy", output_dir=str(tmp_path / "run"))
+    assert config.sde == TOY_ENV_DEFAULTS["sde"] and config.eta == TOY_ENV_DEFAULTS["eta"]
+    assert tuple(config.sde_window) == tuple(TOY_ENV_DEFAULTS["sde_window"])
+    settings = {name: TOY_ENV_DEFAULTS[name] for name in ("num_frames", "height", "width", "shift")}
+    assert {name: getattr(config, name) for name in settings} == settings
+    assert config.num_inference_steps == TOY_ENV_DEFAULTS["num_steps"]
