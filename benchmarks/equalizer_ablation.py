@@ -1,7 +1,7 @@
 """Fig. 3 / Sec. 4.5.1: reward curves with and without the temporal gradient equalizer, for each SDE type.
 
 Short RL runs on the toy world through the library's own path (`benchmarks.toy_training`: ``agents.make``
-+ ``sage_env/Toy-v0``, settings of ``sage_trl/configs/toy.yaml``), the same SAGE-GRPO algorithm for every
++ ``sage_env/Toy-v0``, settings of ``sage_trl/presets/toy.yaml``), the same SAGE-GRPO algorithm for every
 SDE type with only the SDE (and the equalizer switch) changed, several seeds each. The table reports the
 training reward (SDE rollouts) averaged over the last third of the updates and the held-out reward of the
 deterministic sampler before and after training (mean ± std over seeds); the plot shows the curves.

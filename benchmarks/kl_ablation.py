@@ -1,7 +1,7 @@
 """Table 2 / Fig. 8: held-out reward per component for SDE type x KL strategy under Settings A and B.
 
 Short RL runs on the toy world through the library's own path (`benchmarks.toy_training`: ``agents.make`` +
-``sage_env/Toy-v0``, settings of ``sage_trl/configs/toy.yaml``; only the SDE type, the KL strategy and the
+``sage_env/Toy-v0``, settings of ``sage_trl/presets/toy.yaml``; only the SDE type, the KL strategy and the
 reward weights change). Reported per configuration, mean ± std over seeds: the held-out VQ / MQ / TA heads,
 the weighted total of the setting and the unweighted overall (deterministic sampling of the held-out prompts,
 before and after), and, as in Fig. 8(b), the exploration level over training: the std of the rollout rewards

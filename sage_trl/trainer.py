@@ -96,7 +96,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         setup.refuse_unsupported_arguments(locals())
         if eval_dataset is not None:
             raise ValueError(
-                "eval_dataset is not supported yet; evaluate with sage_env and agents.act on held-out prompts."
+                "eval_dataset is not supported yet; evaluate held-out prompts with sage_trl.evaluation.evaluate_policy."
             )
         args = args if args is not None else SageGRPOConfig(output_dir="sage-grpo-output")
         if not isinstance(args, SageGRPOConfig):
