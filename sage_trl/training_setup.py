@@ -27,6 +27,7 @@ __all__ = [
     "prompt_dataset",
     "refuse_unsupported_arguments",
     "training_env",
+    "videos_per_round",
 ]
 
 PROMPT_ENCODE_CHUNK = 64
@@ -103,15 +104,21 @@ def prompt_dataset(train_dataset: Any) -> Dataset:
     return Dataset.from_dict({"prompt": prompts})
 
 
+def videos_per_round(config: Any) -> int:
+    """Videos one process rolls out per generation round: ``per_device_train_batch_size x steps_per_generation``
+    (TRL generates for that many training steps at once); the size of the process's environment."""
+    return config.per_device_train_batch_size * config.steps_per_generation
+
+
 def training_env(
     backbone: VideoBackbone, reward_fn: Any, config: Any, device: torch.device | str | None = None
 ) -> DenoisingVectorEnv:
-    """The environment one process rolls out in: ``per_device_train_batch_size x steps_per_generation`` videos
-    (a generation round), the config's video size, schedule and SDE settings, torch arrays on ``device``."""
+    """The environment one process rolls out in: `videos_per_round` videos, the config's video size, schedule and
+    SDE settings, torch arrays on ``device``."""
     return DenoisingVectorEnv(
         backbone,
         reward_fn,
-        num_envs=config.per_device_train_batch_size * config.steps_per_generation,
+        num_envs=videos_per_round(config),
         group_size=1,
         num_frames=config.num_frames,
         height=config.height,

@@ -31,6 +31,7 @@ from sage_trl.preflight.models import (
 from sage_trl.preflight.plan import MemoryKind, PhasePlan, PreflightPlan
 from sage_trl.preflight.replay import replay_calls
 from sage_trl.preflight.tracing import MemoryMeter, trace_session
+from sage_trl.training_setup import videos_per_round
 
 __all__ = ["VIDEOALIGN_BASE_MODEL", "backbone_for", "build_reward_models", "trace_plan"]
 
@@ -150,13 +151,15 @@ def _resident(
     return kinds
 
 
-def _setting(config: Any, lora_config: Any, settings: steps.RunSettings) -> str:
+def _setting(config: Any, lora_config: Any) -> str:
     lora = f"LoRA r{lora_config.r}" if lora_config is not None else "full fine-tuning"
     dtype = str(config.parameter_dtype(lora_config is not None)).removeprefix("torch.")
-    checkpointing = "gradient checkpointing" if settings.gradient_checkpointing else "no checkpointing"
+    checkpointing = (
+        "gradient checkpointing" if config.diffusers_gradient_checkpointing else "no checkpointing"
+    )
     return (
-        f"{lora}, {dtype} weights, {checkpointing}, {settings.num_frames} x {settings.height} x {settings.width}, "
-        f"{settings.local_videos} videos per round, CFG {config.guidance_scale:g}, micro-batch {config.micro_batch_size}"
+        f"{lora}, {dtype} weights, {checkpointing}, {config.num_frames} x {config.height} x {config.width}, "
+        f"{videos_per_round(config)} videos per round, CFG {config.guidance_scale:g}, micro-batch {config.micro_batch_size}"
     )
 
 
@@ -169,14 +172,13 @@ def trace_plan(
 ) -> PreflightPlan:
     """Trace ``config`` at full size on one process (see the module docstring); the plan has no GPU or budget yet."""
     start = time.perf_counter()
-    settings = steps.RunSettings.from_config(config)
     configs = model_configs or resolve_model_configs(config.model_name_or_path)
     with trace_session() as meter:
         recorder = _TraceRecorder(meter)
         pipeline = build_pipeline(configs, config.parameter_dtype(lora_config is not None))
         backbone = backbone_for(configs, pipeline)
         reward_models = build_reward_models(rewards)
-        meter.set_host(_tensors(reward_models), settings.reward_offload)
+        meter.set_host(_tensors(reward_models), config.reward_offload)
         run = sequence.prepare_and_encode(recorder, backbone, config, copy.deepcopy(lora_config))
         steps.allocate_rollout_buffer(run)
         kinds = _resident(meter, run, pipeline, reward_models)
@@ -185,7 +187,7 @@ def trace_plan(
     plan = PreflightPlan(
         model=configs.name,
         config_source=configs.source,
-        setting=_setting(config, lora_config, settings),
+        setting=_setting(config, lora_config),
         kinds=kinds,
         phases=recorder.phases,
         largest_block_bytes=block,

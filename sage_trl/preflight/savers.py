@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sage_trl.preflight.plan import PreflightPlan
+from sage_trl.training_setup import videos_per_round
 
 __all__ = ["SAVERS", "Saver", "find_savers"]
 
@@ -28,10 +29,6 @@ class Saver:
     fields: dict[str, Any]
 
 
-def _videos(config: Any) -> int:
-    return config.per_device_train_batch_size * config.steps_per_generation
-
-
 SAVERS: tuple[Saver, ...] = (
     Saver(
         "gradient_checkpointing: true",
@@ -41,7 +38,7 @@ SAVERS: tuple[Saver, ...] = (
     Saver("micro_batch_size: 1", lambda c, lora: c.micro_batch_size > 1, {"micro_batch_size": 1}),
     Saver(
         "rollout_batch_size: 1",
-        lambda c, lora: (c.rollout_batch_size or _videos(c)) > 1,
+        lambda c, lora: (c.rollout_batch_size or videos_per_round(c)) > 1,
         {"rollout_batch_size": 1},
     ),
     Saver(

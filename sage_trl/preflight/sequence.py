@@ -16,7 +16,6 @@ import torch
 
 from sage_env.backbones import VideoBackbone
 from sage_trl.preflight.steps import (
-    RunSettings,
     TrainingRun,
     allocate_rollout_buffer,
     decode_phase,
@@ -25,6 +24,7 @@ from sage_trl.preflight.steps import (
     precompute_prompts,
     prepare_run,
     rollout_phase,
+    rollout_rounds_per_optimizer_step,
     round_prompts,
     trained_pairs_per_step,
     training_pairs,
@@ -53,7 +53,7 @@ class PhaseRecorder(Protocol):
 
     def replay_calls(self, owner: Any, name: str) -> AbstractContextManager[None]:
         """Calls of ``owner.<name>`` in the block depend on their arguments' metadata only: a trace may replay
-        repeats (`sage_trl.preflight.tracing.MemoryMeter.replay_calls`); a real run runs them all."""
+        repeats (`sage_trl.preflight.replay.replay_calls`); a real run runs them all."""
 
 
 def _tensors_of(modules: Sequence[torch.nn.Module | None]) -> list[torch.Tensor]:
@@ -92,26 +92,25 @@ def prepare_and_encode(
 ) -> TrainingRun:
     """`prepare_run` with the prompt encoding where the trainer does it: precomputed before the references and
     the optimizer state exist, or at the first rollout; text encoders offloaded as the config says."""
-    settings = RunSettings.from_config(config)
     negative = config.algorithm_config().negative_prompt
 
     def precompute(model: VideoBackbone) -> None:
         _encode(recorder, model, precompute_prompts(), negative, 0, offload=True)
 
-    precomputing = settings.precompute_prompt_embeddings
+    precomputing = config.precompute_prompt_embeddings
     run = prepare_run(backbone, config, lora_config, before_references=precompute if precomputing else None)
     anchor = run.references.anchor
     if anchor is not None and anchor.offload:
         recorder.to_host(list(anchor.values.values()))
     if not precomputing:
-        runs = settings.rollout_rounds_per_optimizer_step
+        runs = rollout_rounds_per_optimizer_step(config)
         _encode(
             recorder,
             backbone,
-            round_prompts(settings),
+            round_prompts(config),
             negative,
             runs,
-            offload=settings.offload_text_encoders,
+            offload=config.offload_text_encoders,
         )
     return run
 
@@ -129,12 +128,12 @@ def _vae_replay(recorder: PhaseRecorder, run: TrainingRun) -> Iterator[None]:
 
 def run_training_step(recorder: PhaseRecorder, run: TrainingRun) -> None:
     """A rollout round (one denoising step, the decode) and a training step (a micro-step, the optimizer step)."""
-    settings = run.settings
-    rounds, videos = settings.rollout_rounds_per_optimizer_step, settings.local_videos
+    config = run.config
+    rounds, videos = rollout_rounds_per_optimizer_step(config), run.env.num_envs
     if run.rollout_buffer is None:
         allocate_rollout_buffer(run)
-    note = f"1 of {settings.num_inference_steps} denoising steps of {videos} videos"
-    with recorder.phase("rollout step", settings.num_inference_steps * rounds, transformer=True, note=note):
+    note = f"1 of {config.num_inference_steps} denoising steps of {videos} videos"
+    with recorder.phase("rollout step", config.num_inference_steps * rounds, transformer=True, note=note):
         rollout_phase(run)
     with (
         recorder.phase("decode", rounds, transformer=False, note=f"{videos} videos"),
@@ -145,7 +144,7 @@ def run_training_step(recorder: PhaseRecorder, run: TrainingRun) -> None:
         p.numel() * p.element_size() for p in run.trainable
     )  # .grad: the parameters' shapes and dtypes
     micro = run.algorithm.config.micro_batch_size
-    micro_steps = settings.gradient_accumulation_steps * -(-trained_pairs_per_step(run) // micro)
+    micro_steps = config.gradient_accumulation_steps * -(-trained_pairs_per_step(run) // micro)
     note = f"{micro} (video, step) pair(s)"
     with recorder.phase("training micro-step", micro_steps, transformer=True, gradients=gradients, note=note):
         training_phase(run, training_pairs(run), micro)

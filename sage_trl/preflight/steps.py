@@ -36,7 +36,6 @@ from sage_env.env import BackbonePolicy, DenoisingVectorEnv, Trajectory
 from sage_trl import training_setup
 
 __all__ = [
-    "RunSettings",
     "TrainingRun",
     "allocate_rollout_buffer",
     "decode_phase",
@@ -45,6 +44,7 @@ __all__ = [
     "precompute_prompts",
     "prepare_run",
     "rollout_phase",
+    "rollout_rounds_per_optimizer_step",
     "round_prompts",
     "trained_pairs_per_step",
     "training_pairs",
@@ -53,66 +53,14 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """What the preflight reads from a `SageGRPOConfig` (see `RunSettings.from_config`)."""
-
-    num_frames: int
-    height: int
-    width: int
-    num_inference_steps: int
-    per_device_train_batch_size: int
-    steps_per_generation: int
-    gradient_accumulation_steps: int
-    num_iterations: int
-    num_generations: int
-    rollout_batch_size: int | None
-    bf16: bool
-    fp16: bool
-    gradient_checkpointing: bool
-    precompute_prompt_embeddings: bool
-    offload_text_encoders: bool
-    reward_offload: bool
-    algorithm: str
-
-    @classmethod
-    def from_config(cls, config: Any) -> RunSettings:
-        """Read the fields of a `sage_trl.SageGRPOConfig` (the algorithm's own fields come from
-        ``config.algorithm_config()``)."""
-        return cls(
-            num_frames=config.num_frames,
-            height=config.height,
-            width=config.width,
-            num_inference_steps=config.num_inference_steps,
-            per_device_train_batch_size=config.per_device_train_batch_size,
-            steps_per_generation=config.steps_per_generation,
-            gradient_accumulation_steps=config.gradient_accumulation_steps,
-            num_iterations=config.num_iterations,
-            num_generations=config.num_generations,
-            rollout_batch_size=config.rollout_batch_size,
-            bf16=bool(config.bf16),
-            fp16=bool(config.fp16),
-            gradient_checkpointing=bool(config.diffusers_gradient_checkpointing),
-            precompute_prompt_embeddings=bool(config.precompute_prompt_embeddings),
-            offload_text_encoders=bool(config.offload_text_encoders),
-            reward_offload=bool(config.reward_offload),
-            algorithm=config.algorithm,
-        )
-
-    @property
-    def local_videos(self) -> int:
-        """Videos one process rolls out per round (the trainer's environment size)."""
-        return self.per_device_train_batch_size * self.steps_per_generation
-
-    @property
-    def rollout_rounds_per_optimizer_step(self) -> float:
-        """Rollout rounds between two optimizer steps (TRL generates every ``steps_per_generation x
-        num_iterations`` training steps, an optimizer step comes every ``gradient_accumulation_steps``)."""
-        return self.gradient_accumulation_steps / (self.steps_per_generation * self.num_iterations)
+def rollout_rounds_per_optimizer_step(config: Any) -> float:
+    """Rollout rounds between two optimizer steps (TRL generates every ``steps_per_generation x num_iterations``
+    training steps, an optimizer step comes every ``gradient_accumulation_steps``)."""
+    return config.gradient_accumulation_steps / (config.steps_per_generation * config.num_iterations)
 
 
-def _autocast_dtype(settings: RunSettings) -> torch.dtype | None:
-    return torch.bfloat16 if settings.bf16 else torch.float16 if settings.fp16 else None
+def _autocast_dtype(config: Any) -> torch.dtype | None:
+    return torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else None
 
 
 @dataclass
@@ -120,7 +68,7 @@ class TrainingRun:
     """Everything a trainer keeps alive between steps."""
 
     backbone: VideoBackbone
-    settings: RunSettings
+    config: Any  # the run's `sage_trl.SageGRPOConfig`
     algorithm: PolicyGradientAlgorithm
     references: References
     optimizer: torch.optim.Optimizer
@@ -179,14 +127,13 @@ def prepare_run(
     """
     from sage_trl.lora import add_lora
 
-    settings = RunSettings.from_config(config)
     if lora_config is not None:
         add_lora(backbone, lora_config)
     else:
         backbone.transformer.requires_grad_(True)
     algorithm_config = config.algorithm_config()
-    algorithm = ALGORITHM_CLASSES[settings.algorithm](algorithm_config)
-    _wrap_mixed_precision(backbone.transformer, _autocast_dtype(settings))
+    algorithm = ALGORITHM_CLASSES[config.algorithm](algorithm_config)
+    _wrap_mixed_precision(backbone.transformer, _autocast_dtype(config))
     training_setup.enable_memory_savers(backbone, config)
     if before_references is not None:
         before_references(backbone)
@@ -194,7 +141,7 @@ def prepare_run(
     trainable = [p for p in backbone.transformer.parameters() if p.requires_grad]
     run = TrainingRun(
         backbone=backbone,
-        settings=settings,
+        config=config,
         algorithm=algorithm,
         references=algorithm.build_references(backbone.transformer),
         optimizer=_optimizer(config, trainable),
@@ -217,10 +164,10 @@ def _allocate_gradients(run: TrainingRun) -> None:
             parameter.grad = torch.empty_like(parameter).zero_()
 
 
-def round_prompts(settings: RunSettings) -> list[str]:
+def round_prompts(config: Any) -> list[str]:
     """The prompts of one rollout round on one process: groups of ``num_generations`` repeats (TRL's sampler)."""
-    group = settings.num_generations
-    return [f"prompt {index // group}" for index in range(settings.local_videos)]
+    group = config.num_generations
+    return [f"prompt {index // group}" for index in range(training_setup.videos_per_round(config))]
 
 
 def precompute_prompts() -> list[str]:
@@ -239,24 +186,24 @@ def allocate_rollout_buffer(run: TrainingRun) -> torch.Tensor:
     """The latents the environment records for every video and step (``(N, T + 1, *latent_shape)`` float32),
     kept by TRL's generation buffer until the round's training steps are done (Gaussian, like the initial noise)."""
     steps = run.env.num_steps
-    shape = (run.settings.local_videos, steps + 1, *run.env.latent_shape)
+    shape = (run.env.num_envs, steps + 1, *run.env.latent_shape)
     run.rollout_buffer = torch.randn(shape, device=run.backbone.device)
     return run.rollout_buffer
 
 
 def rollout_phase(run: TrainingRun, step: int = 0) -> torch.Tensor:
     """Denoising step ``step`` of the process's videos: CFG velocity (`BackbonePolicy`) and the SDE step."""
-    env, settings = run.env, run.settings
+    env = run.env
     latents = run.rollout_buffer[:, step]
     sigmas = env.sigmas.to(latents.device)
-    size = settings.local_videos
+    size = env.num_envs
     observation = {
         "latents": latents,
         "sigma": sigmas[step].expand(size),
-        "prompt": tuple(round_prompts(settings)),
+        "prompt": tuple(round_prompts(run.config)),
     }
     policy = BackbonePolicy(
-        run.backbone, run.guidance_scale, run.negative_prompt, settings.rollout_batch_size
+        run.backbone, run.guidance_scale, run.negative_prompt, run.config.rollout_batch_size
     )
     run.backbone.transformer.eval()
     try:
@@ -285,7 +232,7 @@ def decode_phase(run: TrainingRun) -> torch.Tensor:
 def training_trajectory(run: TrainingRun) -> Trajectory:
     """The recorded trajectory of the videos of one training step (``per_device_train_batch_size`` of the round)."""
     env = run.env
-    count = run.settings.per_device_train_batch_size
+    count = run.config.per_device_train_batch_size
     sigmas = env.sigmas
     stds = torch.stack(
         [
@@ -294,7 +241,7 @@ def training_trajectory(run: TrainingRun) -> Trajectory:
         ]
     )
     return Trajectory(
-        prompts=tuple(round_prompts(run.settings)[:count]),
+        prompts=tuple(round_prompts(run.config)[:count]),
         group_index=torch.zeros(count, dtype=torch.long),
         seeds=torch.arange(count),
         sigmas=sigmas.expand(count, -1).to(run.backbone.device),
@@ -340,4 +287,4 @@ def trained_pairs_per_step(run: TrainingRun) -> int:
     """(video, step) pairs one training step of one process trains (``timestep_fraction`` of the SDE steps)."""
     fraction = run.algorithm.config.timestep_fraction
     stochastic = sum(sde.get_sde(kind).stochastic for kind in run.env.step_sde_types)
-    return run.settings.per_device_train_batch_size * math.ceil(fraction * stochastic)
+    return run.config.per_device_train_batch_size * math.ceil(fraction * stochastic)
