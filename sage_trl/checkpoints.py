@@ -195,9 +195,8 @@ def load_trainer_state(trainer: SageGRPOTrainer, checkpoint: str | os.PathLike) 
     """Restore the trainer's own state from ``checkpoint``: the shared one (`SageGRPOTrainer.checkpoint_state`),
     then this process's own (`SageGRPOTrainer.process_state`) where the checkpoint has it."""
     device = trainer.accelerator.device
-    device = (
-        "cpu" if device.type == "cpu" else device
-    )  # a multi-process CPU run's "cpu:<rank>": safetensors refuses
+    # A multi-process CPU run's device is "cpu:<rank>", which safetensors refuses.
+    device = "cpu" if device.type == "cpu" else device
     trainer.load_checkpoint_state(load_state(*_state_files(checkpoint), device))
     if trainer.accelerator.num_processes == 1:
         return

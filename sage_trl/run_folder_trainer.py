@@ -89,9 +89,8 @@ class RunFolderTrainerMixin:
                 ignore_keys_for_eval=ignore_keys_for_eval,
                 **kwargs,
             )
-        except (
-            pickle.UnpicklingError
-        ) as error:  # transformers loads its checkpoint files with weights_only=True
+        # transformers loads its checkpoint files with weights_only=True: a pickled object raises this.
+        except pickle.UnpicklingError as error:
             raise RunFolderError(
                 f"Refused to load checkpoint {checkpoint}: one of its files holds pickled objects other than "
                 f"tensors and numbers, which could run code when loaded ({error}). Resume from a checkpoint you "

@@ -129,6 +129,10 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         )
         check_launch(self.accelerator)
         _trl_compat.init_grpo_state(self, args)
+        self._init_rollout_and_loss_state(args)
+
+    def _init_rollout_and_loss_state(self, args: SageGRPOConfig) -> None:
+        """After transformers' and TRL's state: memory savers, references, environment, counters, callbacks."""
         self._enable_memory_savers(args)
         self.references: References = self.algorithm.build_references(self.backbone.transformer)
         self.env = setup.training_env(self.backbone, self.reward, args, self.accelerator.device)

@@ -49,9 +49,8 @@ def _dry_run_dir(output_dir: str, requested: str) -> Path:
     if requested:
         return Path(requested)
     default = Path(output_dir) / layout.HUB_DRY_RUN_FOLDER
-    shutil.rmtree(
-        default, ignore_errors=True
-    )  # ours from an earlier dry run; never uploaded (not allow-listed)
+    # Ours from an earlier dry run; never uploaded (not allow-listed).
+    shutil.rmtree(default, ignore_errors=True)
     return default
 
 

@@ -140,9 +140,8 @@ def run_training_step(recorder: PhaseRecorder, run: TrainingRun) -> None:
         _vae_replay(recorder, run),
     ):
         decode_phase(run)
-    gradients = sum(
-        p.numel() * p.element_size() for p in run.trainable
-    )  # .grad: the parameters' shapes and dtypes
+    # .grad has the parameters' shapes and dtypes.
+    gradients = sum(p.numel() * p.element_size() for p in run.trainable)
     micro = run.algorithm.config.micro_batch_size
     micro_steps = config.gradient_accumulation_steps * -(-trained_pairs_per_step(run) // micro)
     note = f"{micro} (video, step) pair(s)"

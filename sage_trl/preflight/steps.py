@@ -259,9 +259,8 @@ def training_pairs(run: TrainingRun) -> Any:
     """The (video, step) pairs of one training step (`PolicyGradientAlgorithm.transitions`)."""
     trajectory = training_trajectory(run)
     count = len(trajectory)
-    advantages = torch.linspace(
-        -1.0, 1.0, count, device=run.backbone.device
-    )  # zero-mean, as group-normalised
+    # Zero-mean, as group-normalised advantages are.
+    advantages = torch.linspace(-1.0, 1.0, count, device=run.backbone.device)
     usable = torch.ones(count, dtype=torch.bool, device=run.backbone.device)
     return run.algorithm.transitions(trajectory, advantages, usable, run.backbone, on_policy=True)
 
