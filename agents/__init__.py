@@ -1,54 +1,57 @@
 """agents: RL algorithms that train a video backbone against any `sage_env` environment.
 
-``agents.make(name, env=envs, **config)`` builds a registered agent for an environment (its backbone as the
-policy, its SDE settings; or ``policy=backbone``); ``agents.register(name,
-factory)`` adds your own. Built-ins: ``sage_grpo`` (the paper), ``flow_grpo``, ``dance_grpo``, ``cps``,
-``ddpo``, ``reinforce``; all share one implementation of the math (`agents.algorithm`), which the TRL
-trainer (`sage_trl`) uses too.
+``agents.make(name, env=envs, **config)`` builds an agent for an environment (its backbone as the policy, its SDE
+settings; or ``policy=backbone``). Algorithms are found by name in any installed package (entry-point group
+``sage_grpo.algorithms``, `agents.registry`); ``agents.register(name, factory)`` adds a custom agent in-process.
+Built-ins: ``sage_grpo`` (the paper), ``flow_grpo``, ``dance_grpo``, ``cps``, ``ddpo``, ``reinforce``; all share
+one implementation of the math (`agents.algorithm`), which the TRL trainer (`sage_trl`) uses too; every algorithm,
+built in or installed, is an `agents.Algorithm`.
 """
 
 from agents.algorithm import (
     KL_STRATEGIES,
+    Algorithm,
     AlgorithmConfig,
     PolicyGradientAlgorithm,
     References,
+    TrainingBatch,
     TransitionBatch,
 )
-from agents.base import (
+from agents.base import Agent, AgentSettings, PolicyGradientAgent
+from agents.cps import CPSAgentConfig
+from agents.dance_grpo import DanceGRPOAgentConfig
+from agents.ddpo import DDPOAgentConfig, DDPOAlgorithm
+from agents.flow_grpo import FlowGRPOAgentConfig
+from agents.registry import (
     AGENT_REGISTRY,
     ALGORITHM_CLASSES,
     ALGORITHM_CONFIGS,
+    ALGORITHMS,
     ROLLOUT_SETTINGS,
-    Agent,
-    PolicyGradientAgent,
+    AlgorithmSpec,
+    algorithm_spec,
+    environment_attributes,
     list_agents,
     make,
     register,
     register_algorithm,
     rollout_settings,
 )
-from agents.cps import CPSAgentConfig
-from agents.dance_grpo import DanceGRPOAgentConfig
-from agents.ddpo import DDPOAgentConfig, DDPOAlgorithm
-from agents.flow_grpo import FlowGRPOAgentConfig
 from agents.reinforce import ReinforceAgentConfig
 from agents.sage_grpo import SageGRPOAgentConfig
 
-register_algorithm("sage_grpo", SageGRPOAgentConfig)
-register_algorithm("flow_grpo", FlowGRPOAgentConfig)
-register_algorithm("dance_grpo", DanceGRPOAgentConfig)
-register_algorithm("cps", CPSAgentConfig)
-register_algorithm("ddpo", DDPOAgentConfig, DDPOAlgorithm)
-register_algorithm("reinforce", ReinforceAgentConfig)
-
 __all__ = [
     "AGENT_REGISTRY",
+    "ALGORITHMS",
     "ALGORITHM_CLASSES",
     "ALGORITHM_CONFIGS",
     "KL_STRATEGIES",
     "ROLLOUT_SETTINGS",
     "Agent",
+    "AgentSettings",
+    "Algorithm",
     "AlgorithmConfig",
+    "AlgorithmSpec",
     "CPSAgentConfig",
     "DDPOAgentConfig",
     "DDPOAlgorithm",
@@ -59,7 +62,10 @@ __all__ = [
     "References",
     "ReinforceAgentConfig",
     "SageGRPOAgentConfig",
+    "TrainingBatch",
     "TransitionBatch",
+    "algorithm_spec",
+    "environment_attributes",
     "list_agents",
     "make",
     "register",

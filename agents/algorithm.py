@@ -1,17 +1,30 @@
-"""Policy-gradient algorithms over denoising trajectories: the single implementation every agent and the
-TRL trainer use.
+"""The one algorithm interface (`Algorithm`) and the policy-gradient family that implements it.
 
-An algorithm turns a `sage_env.Trajectory` into (sample, timestep) training pairs (`TransitionBatch`) and a
-differentiable loss. It does not own an optimizer: `agents.base.PolicyGradientAgent` (a plain gymnasium
-loop) and `sage_trl.SageGRPOTrainer` (TRL/accelerate) both drive the same `PolicyGradientAlgorithm`.
+An algorithm turns a finished `sage_env.Trajectory` into advantages, a training batch of its own choosing
+(`TrainingBatch`), and a differentiable loss on that batch. It owns no optimizer: `agents.base.PolicyGradientAgent`
+(a plain gymnasium loop) and `sage_trl.SageGRPOTrainer` (TRL/accelerate) drive any `Algorithm` through the same
+calls, in the same order:
+
+1. ``advantages(trajectory)`` (the trainer calls ``compute_advantages`` on every process's rewards gathered);
+2. ``training_batch(trajectory, advantages, usable, policy, on_policy)`` once per pass over the rollout, split by
+   the driver with ``batch.select`` / ``batch.chunks`` into minibatches and micro-batches;
+3. ``loss(policy, micro_batch, references)``, backpropagated by the driver;
+4. ``after_optimizer_step(kl_value, references)`` after each optimizer step;
+5. ``state_dict`` / ``load_state_dict`` in checkpoints.
+
+The batch is the algorithm's: `PolicyGradientAlgorithm` (SAGE-GRPO, Flow-GRPO, DanceGRPO, CPS, DDPO, REINFORCE)
+trains on (sample, timestep) transitions with their rollout log-probabilities (`TransitionBatch`); an algorithm
+that needs no transition likelihood (it trains on the final samples by noising them itself) returns a batch of
+final latents, rewards and conditioning instead, and its loss does its own forward noising from ``generator``.
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -22,7 +35,28 @@ from sage_env import sde
 from sage_env.backbones import PromptConditioning, VideoBackbone
 from sage_env.env import Trajectory
 
-__all__ = ["KL_STRATEGIES", "AlgorithmConfig", "PolicyGradientAlgorithm", "References", "TransitionBatch"]
+__all__ = [
+    "KL_STRATEGIES",
+    "Algorithm",
+    "AlgorithmConfig",
+    "PolicyGradientAlgorithm",
+    "References",
+    "TrainingBatch",
+    "TransitionBatch",
+]
+
+
+class TrainingBatch(Protocol):
+    """What a driver needs of an algorithm's training batch: its length, rows, micro-batches, and whether the
+    policy has not been updated since the rollout (``on_policy``, which the driver sets per minibatch)."""
+
+    on_policy: bool
+
+    def __len__(self) -> int: ...
+
+    def select(self, index: torch.Tensor) -> TrainingBatch: ...
+
+    def chunks(self, size: int) -> Iterator[TrainingBatch]: ...
 
 
 @dataclass
@@ -64,13 +98,80 @@ class TransitionBatch:
 
 @dataclass
 class References:
-    """The reference policies the KL strategy needs (None where unused)."""
+    """The reference policies an algorithm's KL term needs (None where unused)."""
 
     anchor: ParameterSnapshot | None = None
     fixed: ParameterSnapshot | DisabledAdapters | None = None
 
 
-class PolicyGradientAlgorithm:
+class Algorithm(ABC):
+    """An RL algorithm for a denoising policy, as every driver sees it (the module docstring lists the calls).
+
+    Args:
+        config: its hyperparameters (an instance of ``config_class``; its defaults when None).
+        seed: seeds ``generator``, the algorithm's own randomness (which timesteps to train on, its own noise):
+            the agent's seed, or the trainer's TRL seed.
+    """
+
+    config_class: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+
+    def __init__(self, config: AlgorithmConfig | None = None, seed: int = 0) -> None:
+        self.config = config if config is not None else self.config_class()
+        self.optimizer_steps = 0
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def build_references(self, module: torch.nn.Module) -> References:
+        """The reference policies of the loss, made from the policy module before any update (none by default)."""
+        return References()
+
+    def advantages(self, trajectory: Trajectory) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantages, usable)`` per sample of a finished trajectory (see `compute_advantages`)."""
+        rewards = trajectory.rewards
+        if rewards is None:
+            raise ValueError("The trajectory has no rewards: finish the episode before updating.")
+        group_index = trajectory.group_index.to(rewards.total.device)
+        return self.compute_advantages(trajectory.prompts, rewards.total, rewards.valid, group_index)
+
+    @abstractmethod
+    def compute_advantages(
+        self, prompts: Sequence[str], rewards: torch.Tensor, valid: torch.Tensor, group_index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantages, usable)`` ``(N,)`` from the samples' rewards: ``usable`` marks samples that carry a
+        learning signal (a valid reward in a group with spread)."""
+
+    @abstractmethod
+    def training_batch(
+        self,
+        trajectory: Trajectory,
+        advantages: torch.Tensor,
+        usable: torch.Tensor,
+        policy: VideoBackbone,
+        on_policy: bool = False,
+    ) -> TrainingBatch:
+        """What one pass over the rollout trains on (``on_policy``: no optimizer step since the rollout)."""
+
+    @abstractmethod
+    def loss(
+        self, policy: VideoBackbone, batch: TrainingBatch, references: References
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Differentiable loss of one micro-batch and its metrics (detached scalars; ``kl/total`` feeds
+        `after_optimizer_step`)."""
+
+    def after_optimizer_step(self, kl_value: float, references: References) -> None:
+        """Called after each optimizer step with the step's mean ``kl/total``."""
+        self.optimizer_steps += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint restores: counters and ``generator`` (references are saved by their owner)."""
+        return {"optimizer_steps": self.optimizer_steps, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict`."""
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self.generator.set_state(state["generator"])
+
+
+class PolicyGradientAlgorithm(Algorithm):
     """GRPO-style policy optimisation over denoising steps; SAGE-GRPO with the default `AlgorithmConfig`.
 
     The loss is Eq. 43 in its clipped-ratio form: ``mean_pairs[S_t * max(-A r, -A clip(r))] + lambda_KL * L_KL``
@@ -78,10 +179,9 @@ class PolicyGradientAlgorithm:
     Subclasses override `advantages` (e.g. DDPO's per-prompt statistics) or nothing at all.
     """
 
-    config_class: type[AlgorithmConfig] = AlgorithmConfig
-
-    def __init__(self, config: AlgorithmConfig | None = None) -> None:
-        self.config = config if config is not None else self.config_class()
+    def __init__(self, config: AlgorithmConfig | None = None, seed: int = 0) -> None:
+        """``seed`` seeds the timestep selection (`select_timesteps`): the agent's, or the trainer's TRL seed."""
+        super().__init__(config, seed)
         cfg = self.config
         self.kl_controller = objective.AdaptiveKLController(
             cfg.kl_coef_min,
@@ -91,8 +191,6 @@ class PolicyGradientAlgorithm:
             cfg.kl_history,
             adaptive=cfg.kl_coef_schedule == "adaptive",
         )
-        self.optimizer_steps = 0
-        self.generator = torch.Generator().manual_seed(cfg.seed)
 
     # -- references ------------------------------------------------------------------------------
 
@@ -112,14 +210,6 @@ class PolicyGradientAlgorithm:
         return References(anchor=anchor, fixed=fixed)
 
     # -- data ------------------------------------------------------------------------------------
-
-    def advantages(self, trajectory: Trajectory) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(advantages, usable)`` per sample of a finished trajectory (see `compute_advantages`)."""
-        rewards = trajectory.rewards
-        if rewards is None:
-            raise ValueError("The trajectory has no rewards: finish the episode before updating.")
-        group_index = trajectory.group_index.to(rewards.total.device)
-        return self.compute_advantages(trajectory.prompts, rewards.total, rewards.valid, group_index)
 
     def compute_advantages(
         self, prompts: Sequence[str], rewards: torch.Tensor, valid: torch.Tensor, group_index: torch.Tensor
@@ -144,7 +234,7 @@ class PolicyGradientAlgorithm:
                 f"eta={cfg.eta}, log_prob_kind={cfg.log_prob_kind!r}; build the environment with the same values."
             )
 
-    def transitions(
+    def training_batch(
         self,
         trajectory: Trajectory,
         advantages: torch.Tensor,
@@ -279,7 +369,7 @@ class PolicyGradientAlgorithm:
 
     def after_optimizer_step(self, kl_value: float, references: References) -> None:
         """Update the KL coefficient (App. A.6) and refresh the moving anchor every N steps (Eq. 13)."""
-        self.optimizer_steps += 1
+        super().after_optimizer_step(kl_value, references)
         if self.config.kl_strategy != "none":
             self.kl_controller.observe(kl_value)
         if references.anchor is not None and self.optimizer_steps % self.config.anchor_update_steps == 0:
@@ -289,14 +379,9 @@ class PolicyGradientAlgorithm:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, the KL controller and the timestep generator (references are saved by their owner)."""
-        return {
-            "optimizer_steps": self.optimizer_steps,
-            "kl_controller": self.kl_controller.state_dict(),
-            "generator": self.generator.get_state(),
-        }
+        return {**super().state_dict(), "kl_controller": self.kl_controller.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict`."""
-        self.optimizer_steps = int(state["optimizer_steps"])
+        super().load_state_dict(state)
         self.kl_controller.load_state_dict(state["kl_controller"])
-        self.generator.set_state(state["generator"])

@@ -1,4 +1,4 @@
-"""The `Agent` interface, the policy-gradient agent every built-in algorithm uses, and the registry.
+"""The `Agent` interface and the policy-gradient agent every built-in algorithm uses (`agents.registry` finds them).
 
 An agent acts in a `sage_env` environment (the velocity for an observation, from a `VideoBackbone` policy)
 and updates from the recorded `sage_env.Trajectory`, returning metrics::
@@ -18,29 +18,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
-from agents.algorithm import AlgorithmConfig, PolicyGradientAlgorithm, TransitionBatch
+from agents.algorithm import Algorithm, TrainingBatch
 from sage_env.backbones import VideoBackbone
+from sage_env.checks import Integer, check_fields, hyperparameter
 from sage_env.env import BackbonePolicy, Trajectory
 from sage_env.rewards import RewardFailureMonitor
 
-__all__ = [
-    "AGENT_REGISTRY",
-    "ALGORITHM_CLASSES",
-    "ALGORITHM_CONFIGS",
-    "ROLLOUT_SETTINGS",
-    "Agent",
-    "PolicyGradientAgent",
-    "list_agents",
-    "make",
-    "register",
-    "register_algorithm",
-    "rollout_settings",
-]
+__all__ = ["Agent", "AgentSettings", "PolicyGradientAgent"]
 
 
 class Agent(ABC):
@@ -54,23 +44,55 @@ class Agent(ABC):
         """The velocity to apply for a (batched) observation of a `sage_env` environment."""
 
     @abstractmethod
-    def update(self, trajectory: Trajectory) -> dict[str, float]:
+    def update(self, trajectory: Trajectory | Sequence[Trajectory]) -> dict[str, float]:
         """Learn from a finished batch of rollouts; return metrics (``policy_loss``, ``reward/...``, ``kl/...``)."""
 
 
+@dataclass
+class AgentSettings:
+    """How an agent's own update loop runs, beside the algorithm's hyperparameters (the TRL trainer has its own:
+    ``gradient_accumulation_steps`` and TRL's ``seed``)."""
+
+    num_minibatches: int = hyperparameter(
+        1,
+        "Optimizer steps per pass over a rollout: the rollout's (sample, step) pairs are split into this many "
+        "random minibatches. More steps per rollout learn faster per rollout but move the policy further from "
+        "the one that sampled it (the ratio and its clipping then act). Recommended: 1.",
+        Integer(1, 4096),
+    )
+    seed: int = hyperparameter(
+        0,
+        "Seed of the timestep selection and minibatch order (the rollouts' noise is the env's).",
+        Integer(0, 2**63 - 1),
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        """Names of every field."""
+        return {f.name for f in fields(cls)}
+
+
 class PolicyGradientAgent(Agent):
-    """An agent driving a `PolicyGradientAlgorithm` with its own Adam optimizer (no TRL, no accelerate).
+    """An agent driving any `agents.Algorithm` with its own AdamW optimizer (no TRL, no accelerate): the plain
+    gymnasium loop's side of the interface `sage_trl.SageGRPOTrainer` drives too.
 
     Args:
         policy: the backbone whose ``transformer`` is trained (its ``requires_grad`` parameters: the LoRA
             adapter when peft adapters are injected, else the whole transformer).
         algorithm: the algorithm (its config decides SDE, advantages, loss and KL).
+        settings: the update loop's own settings (`AgentSettings`; defaults when None).
     """
 
-    def __init__(self, policy: VideoBackbone, algorithm: PolicyGradientAlgorithm) -> None:
+    def __init__(
+        self, policy: VideoBackbone, algorithm: Algorithm, settings: AgentSettings | None = None
+    ) -> None:
         super().__init__(policy)
         self.algorithm = algorithm
         self.config = algorithm.config
+        self.settings = settings if settings is not None else AgentSettings()
         module = policy.transformer
         if not any(p.requires_grad for p in module.parameters()):
             module.requires_grad_(True)
@@ -84,23 +106,27 @@ class PolicyGradientAgent(Agent):
         """Velocity of the current policy (with the config's classifier-free guidance), without gradients."""
         return self._act(observation)
 
-    def update(self, trajectory: Trajectory) -> dict[str, float]:
+    def update(self, trajectory: Trajectory | Sequence[Trajectory]) -> dict[str, float]:
         """``num_iterations`` passes over the rollout, ``num_minibatches`` optimizer steps each.
 
-        Raises `sage_env.rewards.RewardFailureError` when no sample had a valid reward in
+        ``trajectory``: a vector environment's batch, or several episodes (`Trajectory.concat`: grouped by prompt,
+        e.g. a single-video environment run ``group_size`` times per prompt). Raises
+        `sage_env.rewards.RewardFailureError` when no sample had a valid reward in
         ``max_consecutive_reward_failures`` updates in a row.
         """
+        if not isinstance(trajectory, Trajectory):
+            trajectory = Trajectory.concat(trajectory)
         rewards = trajectory.rewards
         if rewards is not None:
             self.reward_failures.observe(int(rewards.valid.sum()), len(rewards.valid), rewards.errors)
         advantages, usable = self.algorithm.advantages(trajectory)
         totals: dict[str, list[float]] = defaultdict(list)
         for iteration in range(self.config.num_iterations):
-            batch = self.algorithm.transitions(trajectory, advantages, usable, self.policy)
+            batch = self.algorithm.training_batch(trajectory, advantages, usable, self.policy)
             if len(batch) == 0:
                 break  # no usable group (all invalid or zero spread): nothing to learn from
             order = torch.randperm(len(batch), generator=self.algorithm.generator)
-            splits = torch.tensor_split(order, min(self.config.num_minibatches, len(batch)))
+            splits = torch.tensor_split(order, min(self.settings.num_minibatches, len(batch)))
             for index, minibatch in enumerate(splits):
                 selected = batch.select(minibatch)
                 selected.on_policy = iteration == 0 and index == 0  # no optimizer step since the rollout yet
@@ -110,7 +136,7 @@ class PolicyGradientAgent(Agent):
         metrics.update(self._rollout_metrics(trajectory, advantages, usable))
         return metrics
 
-    def _optimizer_step(self, batch: TransitionBatch) -> dict[str, float]:
+    def _optimizer_step(self, batch: TrainingBatch) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
         chunks = list(batch.chunks(self.config.micro_batch_size))
         sums: dict[str, float] = defaultdict(float)
@@ -145,89 +171,3 @@ class PolicyGradientAgent(Agent):
             float(trajectory.stds[stochastic].mean()) if stochastic.any() else 0.0
         )
         return metrics
-
-
-# ----------------------------------------------------------------------------------------------
-# Registry
-# ----------------------------------------------------------------------------------------------
-
-AgentFactory = Callable[..., Agent]
-
-AGENT_REGISTRY: dict[str, AgentFactory] = {}
-"""Registered agent factories: ``name -> factory(policy=..., **config) -> Agent``."""
-
-ALGORITHM_CONFIGS: dict[str, type[AlgorithmConfig]] = {}
-"""Config class of each built-in policy-gradient algorithm (used by the trainer's ``algorithm=`` field)."""
-
-ALGORITHM_CLASSES: dict[str, type[PolicyGradientAlgorithm]] = {}
-
-
-def register(name: str, factory: AgentFactory, *, overwrite: bool = False) -> None:
-    """Register an agent factory under ``name`` (``factory(policy=backbone, **config) -> Agent``)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"Agent names must be non-empty strings, got {name!r}.")
-    if not callable(factory):
-        raise ValueError(f"The factory for {name!r} must be callable, got {type(factory).__name__}.")
-    if name in AGENT_REGISTRY and not overwrite:
-        raise ValueError(
-            f"An agent named {name!r} is already registered; pick another name or pass overwrite=True."
-        )
-    AGENT_REGISTRY[name] = factory
-
-
-def register_algorithm(
-    name: str,
-    config_class: type[AlgorithmConfig],
-    algorithm_class: type[PolicyGradientAlgorithm] = PolicyGradientAlgorithm,
-) -> None:
-    """Register a policy-gradient algorithm: an agent factory plus its config for the TRL trainer."""
-
-    def factory(policy: VideoBackbone, **config: Any) -> PolicyGradientAgent:
-        unknown = set(config) - config_class.field_names()
-        if unknown:
-            raise ValueError(
-                f"Unknown option(s) {sorted(unknown)} for agent {name!r}; "
-                f"allowed: {', '.join(sorted(config_class.field_names()))}."
-            )
-        return PolicyGradientAgent(policy, algorithm_class(config_class(**config)))
-
-    register(name, factory)
-    ALGORITHM_CONFIGS[name] = config_class
-    ALGORITHM_CLASSES[name] = algorithm_class
-
-
-ROLLOUT_SETTINGS = ("sde", "eta", "log_prob_kind")
-"""What an environment decides about the trajectories it records, and a policy-gradient agent must match."""
-
-
-def rollout_settings(env: Any) -> dict[str, Any]:
-    """The SDE settings of a `sage_env` environment (gymnasium wrappers are looked through)."""
-    unwrapped = getattr(env, "unwrapped", env)
-    return {name: getattr(unwrapped, name) for name in ROLLOUT_SETTINGS}
-
-
-def make(name: str, policy: VideoBackbone | None = None, *, env: Any = None, **config: Any) -> Agent:
-    """Build the registered agent ``name`` for ``policy`` with config overrides.
-
-    With ``env`` (a `sage_env` environment, wrapped or not), the policy defaults to the environment's backbone and
-    a policy-gradient algorithm takes the environment's SDE settings (``sde``, ``eta``, ``log_prob_kind``), so
-    the agent scores exactly the trajectories the environment records; explicit values still win, and an update on
-    trajectories sampled with other settings is refused.
-    """
-    if name not in AGENT_REGISTRY:
-        raise ValueError(
-            f"Unknown agent {name!r}; registered agents: {', '.join(list_agents())}. "
-            "Register your own with agents.register(name, factory)."
-        )
-    if env is not None:
-        policy = policy if policy is not None else getattr(env, "unwrapped", env).backbone
-        if name in ALGORITHM_CONFIGS:
-            config = {**rollout_settings(env), **config}
-    if policy is None:
-        raise ValueError(f"agents.make({name!r}) needs policy= (a VideoBackbone) or env= (a sage_env environment).")
-    return AGENT_REGISTRY[name](policy=policy, **config)
-
-
-def list_agents() -> list[str]:
-    """Names of the registered agents."""
-    return sorted(AGENT_REGISTRY)

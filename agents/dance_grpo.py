@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from agents.config import AlgorithmConfig
 
@@ -15,14 +16,16 @@ class DanceGRPOAgentConfig(AlgorithmConfig):
     """DanceGRPO's defaults: the ``dance_grpo`` SDE (std ``eta*sqrt(d)``, Table 1) with eta 0.3, no KL, a random
     per-sample subset of 60% of the timesteps each update; PPO clip 1e-4 and advantage clip 5 as SAGE-GRPO.
 
-    Only defaults change; every field's meaning is `agents.config.AlgorithmConfig`'s.
+    Only defaults change (``defaults``); every field's meaning is `agents.config.AlgorithmConfig`'s.
     """
 
     display_name: ClassVar[str] = "DanceGRPO"
     summary: ClassVar[str | None] = "the DanceGRPO baseline"
 
-    sde: str = "dance_grpo"
-    eta: float = 0.3
-    equalizer: bool = False
-    kl_strategy: str = "none"
-    timestep_fraction: float = 0.6
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "sde": "dance_grpo",
+        "eta": 0.3,
+        "equalizer": False,
+        "kl_strategy": "none",
+        "timestep_fraction": 0.6,
+    }

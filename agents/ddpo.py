@@ -3,8 +3,8 @@ denoising steps with per-prompt reward statistics."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -12,6 +12,7 @@ import torch
 from agents.algorithm import PolicyGradientAlgorithm
 from agents.config import AlgorithmConfig
 from agents.objective import PerPromptStatTracker
+from sage_env.checks import Integer, hyperparameter
 
 __all__ = ["DDPOAgentConfig", "DDPOAlgorithm"]
 
@@ -22,24 +23,30 @@ class DDPOAgentConfig(AlgorithmConfig):
     each prompt's reward history (`PerPromptStatTracker`), no KL, no equalizer; PPO clip 1e-4 and advantage
     clip 5 as SAGE-GRPO.
 
-    Besides the defaults it adds the two fields of the per-prompt statistics.
+    Besides its ``defaults`` it declares the two fields of the per-prompt statistics.
     """
 
     display_name: ClassVar[str] = "DDPO"
     summary: ClassVar[str | None] = "PPO over denoising steps with per-prompt reward statistics"
 
-    sde: str = "flow_grpo"
-    eta: float = 0.7
-    equalizer: bool = False
-    kl_strategy: str = "none"
-    stat_buffer_size: int = field(
-        default=16, metadata={"help": "DDPO: rewards kept per prompt for its statistics. Published: 16."}
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "sde": "flow_grpo",
+        "eta": 0.7,
+        "equalizer": False,
+        "kl_strategy": "none",
+    }
+
+    stat_buffer_size: int = hyperparameter(
+        16,
+        "DDPO: rewards kept per prompt for its per-prompt statistics; larger smooths the baseline but reacts "
+        "more slowly as the policy improves. Published: 16.",
+        Integer(1, 10**6),
     )
-    stat_min_count: int = field(
-        default=16,
-        metadata={
-            "help": "DDPO: below this many rewards of a prompt, the batch statistics are used. Published: 16."
-        },
+    stat_min_count: int = hyperparameter(
+        16,
+        "DDPO: below this many rewards of a prompt, the batch's statistics are used instead of the prompt's. "
+        "Published: 16.",
+        Integer(1, 10**6),
     )
 
 
@@ -48,8 +55,8 @@ class DDPOAlgorithm(PolicyGradientAlgorithm):
 
     config_class = DDPOAgentConfig
 
-    def __init__(self, config: DDPOAgentConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(self, config: DDPOAgentConfig | None = None, seed: int = 0) -> None:
+        super().__init__(config, seed)
         self.stat_tracker = PerPromptStatTracker(self.config.stat_buffer_size, self.config.stat_min_count)
 
     def compute_advantages(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from agents.config import AlgorithmConfig
 
@@ -16,16 +17,18 @@ class FlowGRPOAgentConfig(AlgorithmConfig):
     noise level 0.7, a fixed KL to the initial model with a constant coefficient (beta 0.04 in its KL configs),
     no equalizer, lr 3e-4 (its LoRA runs); PPO clip 1e-4 and advantage clip 5 as SAGE-GRPO.
 
-    Only defaults change; every field's meaning is `agents.config.AlgorithmConfig`'s.
+    Only defaults change (``defaults``); every field's meaning is `agents.config.AlgorithmConfig`'s.
     """
 
     display_name: ClassVar[str] = "Flow-GRPO"
     summary: ClassVar[str | None] = "the Flow-GRPO baseline"
 
-    sde: str = "flow_grpo"
-    eta: float = 0.7
-    equalizer: bool = False
-    kl_strategy: str = "fixed"
-    kl_coef_schedule: str = "constant"
-    beta: float = 0.04
-    learning_rate: float = 3e-4
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "sde": "flow_grpo",
+        "eta": 0.7,
+        "equalizer": False,
+        "kl_strategy": "fixed",
+        "kl_coef_schedule": "constant",
+        "beta": 0.04,
+        "learning_rate": 3e-4,
+    }

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from agents.config import AlgorithmConfig
 
@@ -15,13 +17,15 @@ class ReinforceAgentConfig(AlgorithmConfig):
     """REINFORCE over denoising steps: advantage ``r - mean_G`` (no std scaling), no ratio clipping, no KL,
     no equalizer, on the ``sage`` SDE.
 
-    Only defaults change; every field's meaning is `agents.config.AlgorithmConfig`'s.
+    Only defaults change (``defaults``); every field's meaning is `agents.config.AlgorithmConfig`'s.
     """
 
     display_name: ClassVar[str] = "REINFORCE"
     summary: ClassVar[str | None] = "plain policy gradient with a group-mean baseline"
 
-    scale_rewards: str = "none"
-    epsilon: float | None = None
-    equalizer: bool = False
-    kl_strategy: str = "none"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "scale_rewards": "none",
+        "epsilon": math.inf,
+        "equalizer": False,
+        "kl_strategy": "none",
+    }

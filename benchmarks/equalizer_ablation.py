@@ -71,11 +71,15 @@ def result_table(results: dict[tuple[str, bool], list[ToyRunResult]]) -> str:
                 final_mean_std(runs, "overall"),
                 final_mean_std(runs, "mq"),
                 final_mean_std(runs, "ta"),
+                final_mean_std(runs, "world_distance", "before"),
+                final_mean_std(runs, "world_distance"),
+                final_mean_std(runs, "object_area_ratio"),
                 late_reward(runs, "grad_norm"),
             ]
         )
     header = ["SDE", "equalizer", "seeds", "training reward, last third", "held-out overall before",
-              "held-out overall after", "held-out MQ after", "held-out TA after", "grad norm, last third"]  # fmt: skip
+              "held-out overall after", "held-out MQ after", "held-out TA after", "distance to world before",
+              "distance to world after", "object area / world's after", "grad norm, last third"]  # fmt: skip
     return reporting.markdown_table(header, rows)
 
 
@@ -105,9 +109,11 @@ def comparison_lines(results: dict[tuple[str, bool], list[ToyRunResult]]) -> lis
         late_on, late_off = _late_mean(on), _late_mean(off)
         held_on = sum(r.after["overall"] for r in on) / len(on)
         held_off = sum(r.after["overall"] for r in off) / len(off)
+        distance_on = sum(r.after["world_distance"] for r in on) / len(on)
+        distance_off = sum(r.after["world_distance"] for r in off) / len(off)
         lines.append(
             f"- {kind}: late training reward {late_on:.3f} (on) vs {late_off:.3f} (off), held-out overall "
-            f"{held_on:.3f} vs {held_off:.3f}."
+            f"{held_on:.3f} vs {held_off:.3f}, distance to the world's videos {distance_on:.4f} vs {distance_off:.4f}."
         )
     return lines
 
@@ -135,11 +141,16 @@ every SDE type (SDE on the first 5 of 10 steps), {base.num_prompts} prompts x G 
 {base.num_updates} optimizer steps, lr {base.learning_rate}, dual KL with the adaptive coefficient, reward Setting
 {base.reward_preset[-1].upper()}; seeds {list(seeds)}. Training reward = mean reward of the update's SDE
 rollouts; held-out = deterministic sampling of {base.eval_prompts} held-out prompts x {len(base.eval_seeds)} seeds
-("overall" = mean of the VQ/MQ/TA heads).
+("overall" = mean of the VQ/MQ/TA heads). The gold score the reward cannot fool: RMS pixel distance to the nearest
+of the toy world's own videos of the prompt (lower is better) and the object's area over the world's (1 is the
+world; `sage_trl.evaluation.world_measures`).
 
 {result_table(results)}
 
 {comparisons}
+
+Two seeds per row: a difference between "on" and "off" within the rows' ± spreads is not an effect of the
+equalizer but seed noise. The distance to the world's videos is the score the reward cannot fool.
 
 {context.image_link(image, "training reward with and without the equalizer")}
 """

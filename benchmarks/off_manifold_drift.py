@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -30,35 +31,20 @@ import agents
 from benchmarks import reporting, workloads
 from benchmarks.sde_marginals import marginal_error_table
 from sage_env.backbones import VideoBackbone
-from sage_env.env import Trajectory
+from sage_env.env import BackbonePolicy, Trajectory
+from sage_env.models import TOY_SAMPLING_DEFAULTS
 from sage_env.rewards.toy import ToyReward
 from sage_env.toy.env import make_toy_vector_env
-from sage_env.toy.sampling import TOY_NUM_STEPS
-from sage_env.toy.world import TOY_DIRECTIONS, TOY_PROMPTS, TOY_TRAIN_PROMPTS, render_videos
+from sage_env.toy.gold import clean_renders, distance_to_world
+from sage_env.toy.world import TOY_HEIGHT, TOY_NUM_FRAMES, TOY_PROMPTS, TOY_TRAIN_PROMPTS, TOY_WIDTH
 
 NAME = "off_manifold_drift"
 SDE_KINDS = ("sage", "flow_grpo", "dance_grpo", "cps")
-SEED_SEARCH = 400
-"""Seeds rendered to enumerate every start position of the object (the seed only picks the start)."""
 
 
 # ----------------------------------------------------------------------------------------------
 # The clean-video manifold
 # ----------------------------------------------------------------------------------------------
-
-
-def start_position_seeds() -> dict[str, list[int]]:
-    """Per direction, one seed for each distinct start position (found by rendering ``SEED_SEARCH`` seeds)."""
-    seeds: dict[str, list[int]] = {}
-    for direction in TOY_DIRECTIONS:
-        prompt = f"a red square moving {direction}"
-        videos = render_videos([prompt] * SEED_SEARCH, list(range(SEED_SEARCH)))
-        _, first = torch.unique(videos.flatten(1), dim=0, return_inverse=True)
-        seen: dict[int, int] = {}
-        for seed, group in enumerate(first.tolist()):
-            seen.setdefault(group, seed)
-        seeds[direction] = sorted(seen.values())
-    return seeds
 
 
 @dataclass
@@ -70,22 +56,21 @@ class CleanManifold:
 
     @classmethod
     def build(cls) -> CleanManifold:
-        """Render every prompt at every start position."""
-        seeds = start_position_seeds()
-        prompts, all_seeds = [], []
-        for prompt in TOY_PROMPTS:
-            direction = prompt.rsplit(" ", 1)[-1]
-            prompts += [prompt] * len(seeds[direction])
-            all_seeds += seeds[direction]
-        return cls(render_videos(prompts, all_seeds).flatten(1), prompts)
+        """Every prompt at every start position the world draws (`sage_env.toy.gold.clean_renders`)."""
+        size = (TOY_NUM_FRAMES, TOY_HEIGHT, TOY_WIDTH)
+        renders = [clean_renders(prompt, *size) for prompt in TOY_PROMPTS]
+        prompts = [prompt for prompt, own in zip(TOY_PROMPTS, renders) for _ in range(len(own))]
+        return cls(torch.cat(renders).flatten(1), prompts)
 
     def distances(self, videos: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """RMS pixel distance of each video to the nearest clean render of its prompt, and of any prompt."""
+        """RMS pixel distance of each video to the nearest clean render of its prompt (the gold score,
+        `sage_env.toy.gold.distance_to_world`), and of any prompt."""
         flat = videos.detach().float().cpu().flatten(1)
-        rms = torch.cdist(flat, self.videos) / flat.shape[1] ** 0.5  # (B, M)
-        own = torch.tensor([[p == q for q in self.prompts] for p in prompts])
-        to_own = torch.where(own, rms, torch.full_like(rms, float("inf"))).min(dim=1).values
-        return to_own, rms.min(dim=1).values
+        exact = torch.cdist(
+            flat, self.videos, compute_mode="donot_use_mm_for_euclid_dist"
+        )  # as the gold score
+        to_any = (exact / flat.shape[1] ** 0.5).min(dim=1).values
+        return distance_to_world(videos, list(prompts)), to_any
 
 
 # ----------------------------------------------------------------------------------------------
@@ -114,7 +99,9 @@ def rollout(
         num_envs=len(seeds) * len(prompts), group_size=len(seeds), backbone=backbone,
         sde=sde_type if eta > 0 else "ode", eta=eta,
     )  # fmt: skip
-    agent = agents.make("sage_grpo", policy=backbone, sde=sde_type, eta=eta)
+    # The ODE reference (eta 0) has no algorithm to train: the backbone acts alone, as the agent would.
+    agent = agents.make("sage_grpo", policy=backbone, sde=sde_type, eta=eta) if eta > 0 else None
+    agent = agent or SimpleNamespace(act=BackbonePolicy(backbone, guidance_scale=1.0))
     all_seeds = [seed for _ in prompts for seed in seeds]
     return workloads.agent_rollout(env, agent, prompts=prompts, seeds=all_seeds)
 
@@ -280,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> list[DriftResult]:
     manifold = CleanManifold.build()
     results = [measure(backbone, manifold, "sage", 0.0, prompts, seeds)]
     results += [measure(backbone, manifold, kind, eta, prompts, seeds) for eta in etas for kind in kinds]
-    gaussian = gaussian_variance_errors([0.0, *etas], TOY_NUM_STEPS)
+    gaussian = gaussian_variance_errors([0.0, *etas], TOY_SAMPLING_DEFAULTS.num_steps)
     print(result_table(results, gaussian))
     print("\n".join(ranking_lines(results)))
     reporting.write_section(

@@ -24,11 +24,11 @@ import agents
 from agents import PolicyGradientAgent
 from benchmarks import reporting, workloads
 from sage_env.env import Trajectory
+from sage_env.models import TOY_SAMPLING_DEFAULTS
 from sage_env.rewards import CompositeReward
 from sage_env.rewards.toy import ToyReward
 from sage_env.toy.env import make_toy_vector_env
-from sage_env.toy.sampling import TOY_NUM_STEPS, TOY_SHIFT
-from sage_env.toy.world import TOY_EVAL_PROMPTS, TOY_HEIGHT, TOY_NUM_FRAMES, TOY_WIDTH
+from sage_env.toy.world import TOY_EVAL_PROMPTS
 
 __all__ = [
     "CURVE_KEYS",
@@ -104,8 +104,9 @@ class ToyRunResult:
     Args:
         spec: the run's settings.
         curves: ``{key: [value per update]}`` for `CURVE_KEYS`.
-        before, after: held-out mean per component (``vq``, ``mq``, ``ta``), the weighted ``total`` and the
-            unweighted ``overall`` (mean of the three heads, comparable across reward settings).
+        before, after: held-out mean per component (``vq``, ``mq``, ``ta``), the weighted ``total``, the
+            unweighted ``overall`` (mean of the three heads, comparable across reward settings) and the gold score
+            the reward cannot fool (``world_distance``, ``object_area_ratio``: `sage_trl.evaluation.world_measures`).
         seconds: wall-clock time of the run.
         inspection: what the ``inspect`` callback of `run_toy_training` returned.
     """
@@ -119,15 +120,14 @@ class ToyRunResult:
 
 
 def _held_out(backbone: object, reward: CompositeReward, spec: ToyRunSpec) -> dict[str, float]:
-    from sage_trl.evaluation import evaluate_policy
+    from sage_trl.evaluation import evaluate_policy, world_measures
 
     held_out = TOY_EVAL_PROMPTS[: spec.eval_prompts]
     prompts = [p for p in held_out for _ in spec.eval_seeds]
     all_seeds = [s for _ in held_out for s in spec.eval_seeds]
     result = evaluate_policy(
-        backbone, reward, prompts, all_seeds, num_frames=TOY_NUM_FRAMES, height=TOY_HEIGHT, width=TOY_WIDTH,
-        num_steps=TOY_NUM_STEPS, shift=TOY_SHIFT,
-    )  # fmt: skip
+        backbone, reward, prompts, all_seeds, TOY_SAMPLING_DEFAULTS, measure=world_measures
+    )
     means = result.means()
     means["overall"] = (means["vq"] + means["mq"] + means["ta"]) / 3
     return means

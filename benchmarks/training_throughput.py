@@ -99,7 +99,7 @@ def prepare(case: ThroughputCase, seed: int) -> tuple[PolicyGradientAgent, Trans
     advantages, _ = agent.algorithm.advantages(trajectory)
     # Every sample is trained (a group without reward spread would otherwise drop out of this one batch).
     usable = torch.ones(len(trajectory), dtype=torch.bool)
-    batch = agent.algorithm.transitions(trajectory, advantages, usable, backbone, on_policy=True)
+    batch = agent.algorithm.training_batch(trajectory, advantages, usable, backbone, on_policy=True)
     return agent, batch
 
 

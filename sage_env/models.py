@@ -1,7 +1,9 @@
-"""Per-model sampling defaults, declared once, and finding a model's pipeline class without loading weights.
+"""How a video model samples by default (`SamplingDefaults`), and finding a model's pipeline class without loading it.
 
-Every default of a video model (size, steps, schedule, guidance, frame rate) lives in `SAMPLING_DEFAULTS`,
-keyed like `sage_env.backbones.BACKBONES` by the ``_class_name`` of the model's ``model_index.json``:
+Every default of a video model (size, steps, schedule, guidance, frame rate) is declared once, on its backbone
+class (`sage_env.backbones.VideoBackbone.sampling_defaults`), which the backbone plug-in group finds by the
+``_class_name`` of the model's ``model_index.json`` (`sage_env.backbones.BACKBONES`;
+`sage_env.backbones.sampling_defaults` reads it):
 
 ==========================  ======  =========  =====  =======================  ===================  ===
 pipeline class              frames  height x   steps  shift                    guidance             fps
@@ -16,11 +18,9 @@ pipeline class              frames  height x   steps  shift                    g
 ``shift=None`` means "the schedule the pipeline's own ``__call__`` sets on its scheduler as shipped"
 (`sage_env.backbones.VideoBackbone.sigmas`): flow shift 3 for the Wan 2.1 / 2.2 T2V checkpoints, 5 for
 HunyuanVideo 1.5 480p (the paper's setting, Sec. 4.1). ``guidance_scale=None`` means the pipeline's own
-default. 20 steps is the paper's setting (Sec. 4.1); the pipelines' ``__call__`` default is 50.
-
-The gymnasium ids (`sage_env.registration`), the backbones' ``default_fps``/``default_guidance_scale``, the toy
-environment, ``sage-generate`` and ``SageGRPOConfig`` all read this table. This module imports neither torch
-nor diffusers.
+default. 20 steps is the paper's setting (Sec. 4.1); the pipelines' ``__call__`` default is 50. The toy model's
+defaults are declared here (`TOY_SAMPLING_DEFAULTS`, which its backbone class names) because the toy world's
+definition reads them and must not import diffusers. This module imports neither torch nor diffusers.
 """
 
 from __future__ import annotations
@@ -34,12 +34,10 @@ from typing import Any
 __all__ = [
     "GENERIC_SAMPLING_DEFAULTS",
     "MODEL_INDEX",
-    "SAMPLING_DEFAULTS",
+    "TOY_SAMPLING_DEFAULTS",
     "SamplingDefaults",
     "check_local_reference",
     "pipeline_class_of",
-    "register_sampling_defaults",
-    "sampling_defaults",
 ]
 
 MODEL_INDEX = "model_index.json"
@@ -52,7 +50,7 @@ class SamplingDefaults:
 
     Args:
         num_frames, height, width: the video size (None: the model declares none; pass one).
-        num_steps: denoising steps.
+        num_steps: denoising steps (None: the model's, when these are a run's choices over the model's).
         shift: the schedule's time shift; None: the pipeline's own scheduler as shipped.
         guidance_scale: classifier-free guidance scale; None: the pipeline's own default.
         fps: frame rate of the videos (for rewards and written files).
@@ -61,10 +59,18 @@ class SamplingDefaults:
     num_frames: int | None
     height: int | None
     width: int | None
-    num_steps: int
+    num_steps: int | None
     shift: float | None
     guidance_scale: float | None
     fps: float
+
+    def filled_from(self, model: SamplingDefaults) -> SamplingDefaults:
+        """These settings with each unset one (None) taken from ``model``'s declaration (a backbone's
+        ``sampling_defaults``): a run's or a command line's choices over the model's defaults."""
+        own = asdict(self)
+        return SamplingDefaults(
+            **{name: getattr(model, name) if value is None else value for name, value in own.items()}
+        )
 
     def env_kwargs(self) -> dict[str, Any]:
         """The keywords of `sage_env.DenoisingVectorEnv` these defaults set (guidance belongs to the policy)."""
@@ -73,53 +79,16 @@ class SamplingDefaults:
         return {name: value for name, value in values.items() if value is not None}
 
 
-SAMPLING_DEFAULTS: dict[str, SamplingDefaults] = {
-    "WanPipeline": SamplingDefaults(
-        num_frames=81, height=480, width=832, num_steps=20, shift=None, guidance_scale=None, fps=16.0
-    ),
-    "HunyuanVideo15Pipeline": SamplingDefaults(
-        num_frames=81, height=480, width=848, num_steps=20, shift=None, guidance_scale=None, fps=24.0
-    ),
-    # The prior was trained at 8 x 16 x 16 with noise levels drawn at shift 3 and is sampled with 10 Euler
-    # steps and no CFG (its model card).
-    "toy": SamplingDefaults(
-        num_frames=8, height=16, width=16, num_steps=10, shift=3.0, guidance_scale=1.0, fps=8.0
-    ),
-}
-"""Pipeline class name -> its `SamplingDefaults` (add entries with `register_sampling_defaults`)."""
+TOY_SAMPLING_DEFAULTS = SamplingDefaults(
+    num_frames=8, height=16, width=16, num_steps=10, shift=3.0, guidance_scale=1.0, fps=8.0
+)
+"""The toy model's: the prior was trained at 8 x 16 x 16 with noise levels drawn at shift 3 and is sampled with 10
+Euler steps and no CFG (its model card); `sage_env.backbones.toy.ToyBackbone.sampling_defaults` is this."""
 
 GENERIC_SAMPLING_DEFAULTS = SamplingDefaults(
     num_frames=None, height=None, width=None, num_steps=20, shift=5.0, guidance_scale=1.0, fps=16.0
 )
-"""What a backbone outside `SAMPLING_DEFAULTS` gets: the paper's 20 steps at shift 5, no CFG, no video size."""
-
-
-def sampling_defaults(pipeline_class: str) -> SamplingDefaults:
-    """The `SamplingDefaults` of a pipeline class (``"WanPipeline"``, ``"HunyuanVideo15Pipeline"``, ``"toy"``).
-
-    Raises ``ValueError`` naming the known classes for any other name.
-    """
-    if pipeline_class not in SAMPLING_DEFAULTS:
-        raise ValueError(
-            f"No sampling defaults for pipeline class {pipeline_class!r}; known: {', '.join(SAMPLING_DEFAULTS)}. "
-            "Declare them with sage_env.models.register_sampling_defaults."
-        )
-    return SAMPLING_DEFAULTS[pipeline_class]
-
-
-def register_sampling_defaults(
-    pipeline_class: str, defaults: SamplingDefaults, *, overwrite: bool = False
-) -> None:
-    """Declare the defaults of a pipeline class (e.g. next to ``sage_env.backbones.register_backbone``)."""
-    if not isinstance(defaults, SamplingDefaults):
-        raise ValueError(f"defaults must be a SamplingDefaults, got {type(defaults).__name__}.")
-    if (
-        pipeline_class in SAMPLING_DEFAULTS
-        and not overwrite
-        and SAMPLING_DEFAULTS[pipeline_class] != defaults
-    ):
-        raise ValueError(f"{pipeline_class!r} already has sampling defaults; pass overwrite=True.")
-    SAMPLING_DEFAULTS[pipeline_class] = defaults
+"""What a backbone that declares no defaults gets: the paper's 20 steps at shift 5, no CFG, no video size."""
 
 
 def check_local_reference(reference: str | os.PathLike, field: str) -> bool:

@@ -10,42 +10,40 @@
 * Everything of a checkpoint is written into ``tmp-checkpoint-N`` and renamed to ``checkpoint-N`` at the end,
   so a crash or a full disk mid-write leaves the previous checkpoint as the latest one; a full disk is reported
   in plain words (`sage_trl.run_folder.writes`).
+
+This module holds the file formats and takes what it writes as arguments; it never calls the trainer back. The
+order of a save (what is gathered on which process, when to wait, when to push) is the trainer's
+(`sage_trl.run_folder_trainer.RunFolderTrainerMixin`).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from transformers.utils import logging
 
 from sage_env.rewards.base import reward_name
-from sage_trl import _trl_compat
 from sage_trl.lora import load_lora_state, save_lora_adapter
 from sage_trl.run_folder import RunFolder, layout, load_state, save_state
-from sage_trl.run_folder.writes import guarded_write
-
-if TYPE_CHECKING:
-    from sage_trl.trainer import SageGRPOTrainer
-
-logger = logging.get_logger(__name__)
 
 __all__ = [
-    "load_checkpoint",
     "load_model_weights",
-    "load_trainer_state",
+    "read_state",
+    "replace_directory",
     "run_record",
-    "save_checkpoint",
-    "save_model_files",
+    "survivor",
+    "write_model_files",
+    "write_state",
 ]
 
 
@@ -81,13 +79,16 @@ def _reward_source(reward_fn: Any) -> str:
     return f"{kind.__module__}:{kind.__qualname__}"
 
 
-def run_record(trainer: SageGRPOTrainer) -> dict[str, Any]:
+def run_record(
+    *, model_name_or_path: str | None, pipeline_class: str | None, reward_funcs: list[Any],
+    reward_weights: list[float], dataset: str | None,
+) -> dict[str, Any]:  # fmt: skip
     """The ``run`` block of ``sage_config.json``: what the run trained, on what, with which rewards."""
     return {
         "base_model": {
-            "name_or_path": trainer.model_name_or_path,
-            "pipeline_class": trainer.pipeline_class,
-            "hub_id": _hub_id(trainer.model_name_or_path),
+            "name_or_path": model_name_or_path,
+            "pipeline_class": pipeline_class,
+            "hub_id": _hub_id(model_name_or_path),
         },
         "rewards": [
             {
@@ -95,33 +96,44 @@ def run_record(trainer: SageGRPOTrainer) -> dict[str, Any]:
                 "source": _reward_source(fn),
                 "components": dict(getattr(fn, "component_descriptions", None) or {}),
             }
-            for fn in trainer.reward.reward_funcs
+            for fn in reward_funcs
         ],
-        "reward_weights": trainer.resolved_reward_weights,
-        "dataset": trainer.dataset_name,
+        "reward_weights": reward_weights,
+        "dataset": dataset,
         "library_version": _library_version(),
     }
 
 
-def save_model_files(
-    trainer: SageGRPOTrainer, output_dir: str, state_dict: dict[str, torch.Tensor] | None
-) -> None:
-    """Write the adapter (diffusers LoRA format) or the transformer folder, and ``sage_config.json``.
-
-    Main process only: under FSDP, transformers calls this on every process with the state dict it gathered,
-    which is full on the main process and empty on the others.
-    """
-    if not trainer.args.should_save:
-        return
+def write_model_files(
+    output_dir: str, backbone: Any, *, lora: bool, config: dict[str, Any],
+    state_dict: dict[str, torch.Tensor] | None,
+) -> None:  # fmt: skip
+    """Write the adapter (diffusers LoRA format, ``lora`` True) or the transformer folder of ``backbone``, and
+    ``config`` as ``sage_config.json``. ``state_dict``: the weights to write instead of the module's own (the full
+    state dict transformers gathered under FSDP)."""
     os.makedirs(output_dir, exist_ok=True)
-    if trainer.peft_config is not None:
-        save_lora_adapter(trainer.backbone, output_dir, state_dict=state_dict)
+    weights = layout.LORA_WEIGHT_NAME if lora else layout.TRANSFORMER_FOLDER
+    RunFolder(output_dir).record(weights, layout.CONFIG_FILE)
+    if lora:
+        save_lora_adapter(backbone, output_dir, state_dict=state_dict)
     else:
         _save_transformer(
-            trainer.backbone.transformer, os.path.join(output_dir, layout.TRANSFORMER_FOLDER), state_dict
+            backbone.transformer, os.path.join(output_dir, layout.TRANSFORMER_FOLDER), state_dict
         )
-    config = {**trainer.args.to_dict(), "run": run_record(trainer)}
-    Path(output_dir, layout.CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
+    text = json.dumps(_strict_json(config), indent=2, default=str, allow_nan=False)
+    Path(output_dir, layout.CONFIG_FILE).write_text(text + "\n")
+
+
+def _strict_json(value: Any) -> Any:
+    """``value`` with non-finite floats (REINFORCE's ``epsilon: inf``) as strings: JSON has no Infinity or NaN, and
+    strict readers (the Hub's, other languages') refuse Python's extension."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
 
 
 def _save_transformer(
@@ -141,75 +153,38 @@ def _save_transformer(
     transformer.save_pretrained(folder)
 
 
-def _survivor(run_dir: str) -> str:
+def survivor(run_dir: str | os.PathLike) -> str:
+    """What a failed write leaves the user: the run's latest checkpoint, in words."""
     latest = RunFolder(run_dir).latest_checkpoint()
     return f"the last good checkpoint is {latest}" if latest else "no earlier checkpoint was written"
 
 
-def save_checkpoint(trainer: SageGRPOTrainer, trial: Any) -> None:
-    """Write ``checkpoint-N`` atomically (see the module docstring); push it if ``hub_strategy`` asks."""
-    run_dir = trainer._get_output_dir(trial=trial)
-    name = layout.checkpoint_name(trainer.state.global_step)
-    final = os.path.join(run_dir, name)
-    staging = os.path.join(run_dir, f"{layout.STAGING_PREFIX}-{trainer.state.global_step}")
-    if trainer.args.should_save and os.path.exists(staging):
-        shutil.rmtree(staging)
-    trainer.accelerator.wait_for_everyone()
-    trainer.store_flos()
-    state = trainer.checkpoint_state()  # on every process: a sharded (FSDP2) anchor is gathered
-    with guarded_write(name, staging, survived=_survivor(run_dir), cleanup=Path(staging)):
-        trainer.save_model(staging, _internal_call=True)
-        _trl_compat.save_trainer_checkpoint_parts(trainer, staging)
-        if trainer.args.should_save:
-            save_state(state, *_state_files(staging))
-        if trainer.accelerator.num_processes > 1:
-            os.makedirs(staging, exist_ok=True)
-            save_state(trainer.process_state(), *_state_files(staging, trainer.accelerator.process_index))
-    trainer.accelerator.wait_for_everyone()
-    if trainer.args.should_save:
-        _replace_directory(staging, final)
-        if trainer.args.push_to_hub:
-            trainer._push_from_checkpoint(final)
-        _trl_compat.rotate_checkpoints(trainer, run_dir)
-    trainer.accelerator.wait_for_everyone()
-
-
-def load_model_weights(trainer: SageGRPOTrainer, folder: str | os.PathLike) -> None:
-    """Load the adapter (or the full transformer) saved in ``folder`` into the trainer's backbone."""
-    if trainer.peft_config is not None:
-        load_lora_state(trainer.backbone.transformer, folder)
+def load_model_weights(backbone: Any, folder: str | os.PathLike, *, lora: bool) -> None:
+    """Load the adapter (``lora`` True) or the full transformer saved in ``folder`` into ``backbone``."""
+    if lora:
+        load_lora_state(backbone.transformer, folder)
         return
-    transformer = trainer.backbone.transformer
+    transformer = backbone.transformer
     loaded = type(transformer).from_pretrained(os.path.join(folder, layout.TRANSFORMER_FOLDER))
     # torch's loader of a full state dict: it cuts each tensor into the module's shards when FSDP2 sharded it.
     set_model_state_dict(transformer, loaded.state_dict(), options=StateDictOptions(full_state_dict=True))
 
 
-def load_checkpoint(trainer: SageGRPOTrainer, checkpoint: str | os.PathLike) -> None:
-    """Restore the weights and the trainer's own state from ``checkpoint`` (transformers restores the rest)."""
-    load_model_weights(trainer, checkpoint)
-    load_trainer_state(trainer, checkpoint)
+def write_state(folder: str | os.PathLike, state: dict[str, Any], process: int | None = None) -> None:
+    """Write the trainer's shared state (``process`` None) or one process's own state into ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    save_state(state, *_state_files(folder, process))
 
 
-def load_trainer_state(trainer: SageGRPOTrainer, checkpoint: str | os.PathLike) -> None:
-    """Restore the trainer's own state from ``checkpoint``: the shared one (`SageGRPOTrainer.checkpoint_state`),
-    then this process's own (`SageGRPOTrainer.process_state`) where the checkpoint has it."""
-    device = trainer.accelerator.device
+def read_state(
+    folder: str | os.PathLike, device: torch.device | str, process: int | None = None
+) -> dict[str, Any] | None:
+    """The state `write_state` wrote into ``folder`` (None when that process's files are absent), on ``device``."""
+    files = _state_files(folder, process)
+    if process is not None and not Path(files[0]).is_file():
+        return None
     # A multi-process CPU run's device is "cpu:<rank>", which safetensors refuses.
-    device = "cpu" if device.type == "cpu" else device
-    trainer.load_checkpoint_state(load_state(*_state_files(checkpoint), device))
-    if trainer.accelerator.num_processes == 1:
-        return
-    own = _state_files(checkpoint, trainer.accelerator.process_index)
-    if Path(own[0]).is_file():
-        trainer.load_process_state(load_state(*own, device))
-    else:
-        logger.warning(
-            "%s has no state of process %d (it was written by fewer processes): this process resumes with the "
-            "main process's buffered rollouts and timestep generator.",
-            checkpoint,
-            trainer.accelerator.process_index,
-        )
+    return load_state(*files, "cpu" if torch.device(device).type == "cpu" else device)
 
 
 def _state_files(folder: str | os.PathLike, process: int | None = None) -> tuple[str, str]:
@@ -220,10 +195,11 @@ def _state_files(folder: str | os.PathLike, process: int | None = None) -> tuple
     return f"{stem}.json", f"{stem}.safetensors"
 
 
-def _replace_directory(source: str, target: str) -> None:
+def replace_directory(source: str, target: str) -> None:
     """Move ``source`` to ``target``; an existing ``target`` is removed only after the move is staged."""
     if os.path.exists(target):
         retired = f"{target}.old"
+        RunFolder(os.path.dirname(target)).record(os.path.basename(retired))
         shutil.rmtree(retired, ignore_errors=True)
         os.replace(target, retired)
         os.replace(source, target)

@@ -1,71 +1,44 @@
 """`SageGRPOConfig`: TRL's `GRPOConfig` with the fields of RL for flow-matching video models (arXiv 2603.21872).
 
-The class is assembled from two parts, so that no hyperparameter is declared twice:
+Every field is declared once, in a class body, and `SageGRPOConfig` composes the three places they live:
 
+* TRL's `GRPOConfig` (and transformers' ``TrainingArguments``): the training loop, logging, saving, the Hub;
 * `SageGRPOFields`, declared here: the model, the video and its sampling, memory switches, rewards, the run
   folder. Fields whose value is a property of the model (video size, steps, shift, frame rate) default to None
-  and are filled from the model's own defaults (`sage_env.models`).
-* the algorithm fields, generated from `agents.config.AlgorithmConfig` (its help text, a default of None meaning
-  "the chosen algorithm's default", resolved in ``__post_init__``), so ``algorithm="flow_grpo"`` switches every
-  default in one line and ``sage-train --eta 0.3`` reads the same help as ``agents.make(..., eta=0.3)``.
+  and are filled from the model's own defaults (`sage_env.models`);
+* `agents.config.AlgorithmConfig`: the algorithm's hyperparameters, None meaning "the chosen algorithm's default",
+  so ``algorithm="flow_grpo"`` switches every default in one line and ``sage-train --eta 0.3`` reads the same help
+  as ``agents.make(..., eta=0.3)``. An algorithm's own fields (DDPO's ``stat_buffer_size``) travel in
+  ``algorithm_args``.
 
 TRL's names keep their TRL meaning where it carries over (``num_generations``, ``num_iterations``, ``epsilon``,
 ``beta``, ``scale_rewards``, ``reward_weights``); GRPOConfig options that only make sense for text generation are
-refused with an error naming them.
+refused with an error naming them. Every field has a declared check (`sage_env.checks`; TRL's fields in
+`sage_trl.config_checks`), applied in ``__post_init__``: the command line, a YAML file and Python meet the same
+rule with the same error.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from trl import GRPOConfig
 
-from agents import ALGORITHM_CONFIGS, AlgorithmConfig
-from agents.config import AGENT_ONLY_FIELDS, trainer_fields
+from agents import ALGORITHMS, AlgorithmConfig, algorithm_spec
+from sage_env.backbones import BACKBONES, TORCH_DTYPES
+from sage_env.checks import Choice, Flag, Integer, ListOf, Real, Text, check_fields, hyperparameter
+from sage_env.models import SamplingDefaults
+from sage_env.plugins import PluginName
 from sage_env.rewards import REWARD_PRESETS
+from sage_trl import config_checks
 
-__all__ = ["ALGORITHM_FIELDS", "SageGRPOConfig", "SageGRPOFields"]
+__all__ = ["ALGORITHM_FIELDS", "TORCH_DTYPES", "SageGRPOConfig", "SageGRPOFields"]
 
-_TEXT_GENERATION = (
-    "a text-generation option of GRPOConfig; SageGRPOTrainer samples videos, whose randomness is the SDE noise "
-    "(eta) and whose length is num_frames x num_inference_steps"
-)
-_REFUSED_HINTS = {
-    "loss_type": "the loss is the algorithm's (Eq. 43, a mean over (video, step) pairs); choose it with `algorithm`",
-    "use_vllm": "vLLM generates text, not videos",
-    "use_transformers_paged": "paged text generation does not apply to video diffusion",
-    "use_transformers_continuous_batching": "continuous text batching does not apply to video diffusion",
-    "use_liger_kernel": "Liger kernels patch language-model heads",
-    "sync_ref_model": "use kl_strategy='moving' (the paper's periodic anchor, Eq. 13) instead",
-    "importance_sampling_level": "ratios are per (video, step) pair, there are no tokens",
-    "top_entropy_quantile": "there are no token entropies in video diffusion",
-    "entropy_coef": "there are no token entropies in video diffusion",
-}
-# GRPOConfig fields the trainer uses (everything else GRPOConfig adds to TrainingArguments is refused).
-_USED_GRPO_FIELDS = {
-    "num_generations",
-    "num_generations_eval",
-    "shuffle_dataset",
-    "generation_batch_size",
-    "steps_per_generation",
-    "beta",
-    "num_iterations",
-    "epsilon",
-    "epsilon_high",
-    "reward_weights",
-    "scale_rewards",
-    "log_completions",
-    "log_multimodal",
-    "num_completions_to_print",
-    "log_unique_prompts",
-}
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""The values of ``torch_dtype`` and the dtypes they name."""
 _MODEL_FIELDS = {
     "num_frames": "num_frames",
     "height": "height",
@@ -75,183 +48,200 @@ _MODEL_FIELDS = {
     "fps": "fps",
     "guidance_scale": "guidance_scale",
 }
-"""SageGRPOConfig field -> attribute of the model's `sage_env.models.SamplingDefaults`."""
+"""SageGRPOConfig field -> attribute of the backbone's `sage_env.models.SamplingDefaults`."""
+ALGORITHM_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(AlgorithmConfig))
+"""The fields `SageGRPOConfig` takes from `agents.config.AlgorithmConfig`."""
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
+@dataclass(frozen=True)
+class _ComponentWeights(Real):
+    """``reward_component_weights``: ``{component: weight}`` with finite weights (a negative one is a penalty)."""
+
+    optional: bool = True
+
+    def describe(self) -> str:
+        return 'a mapping of reward components to finite weights, e.g. {"vq": 0.5, "ta": 1}'
+
+    def check(self, name: str, value: Any) -> None:
+        if not isinstance(value, dict) or not value or not all(isinstance(k, str) and k for k in value):
+            self.fail(name, value)
+        for component, weight in value.items():
+            Real().check(f"{name}[{component!r}]", weight)
 
 
 @dataclass
 class SageGRPOFields(GRPOConfig):
-    """The fields `SageGRPOConfig` declares itself (the algorithm's are generated; see the module docstring)."""
+    """The fields `SageGRPOConfig` declares itself (the algorithm's are `AlgorithmConfig`'s, the rest TRL's)."""
 
     # -- model ----------------------------------------------------------------------------------------
-    model_name_or_path: str = field(
-        default="toy",
-        metadata=_help(
-            "The video model: a diffusers pipeline folder or Hub id (WanPipeline, HunyuanVideo15Pipeline), or 'toy' "
-            "for the built-in toy world. Its own defaults (video size, steps, schedule, guidance) fill every "
-            "field left unset."
-        ),
+    model_name_or_path: str = hyperparameter(
+        "toy",
+        "The video model: a diffusers pipeline folder or Hub id (WanPipeline, HunyuanVideo15Pipeline), or 'toy' "
+        "for the built-in toy world. Its own defaults (video size, steps, schedule, guidance) fill every "
+        "field left unset.",
+        Text(max_length=4096),
     )
-    backbone: str | None = field(
-        default=None,
-        metadata=_help("Force the backbone by pipeline class name instead of reading model_index.json."),
+    backbone: str | None = hyperparameter(
+        None,
+        "Force the backbone by name (a pipeline class name, an installed package's backbone, or 'module:Class') "
+        "instead of reading model_index.json.",
+        PluginName(BACKBONES, optional=True),
     )
-    torch_dtype: str | None = field(
-        default=None,
-        metadata=_help(
-            "Parameter dtype of the video model: float32 | bfloat16 | float16. None: bfloat16 base weights for "
-            "LoRA with bf16, float32 otherwise (full fine-tuning keeps fp32 master weights)."
-        ),
+    torch_dtype: str | None = hyperparameter(
+        None,
+        "Parameter dtype of the video model: float32 | bfloat16 | float16. None: bfloat16 base weights for "
+        "LoRA with bf16, float32 otherwise (full fine-tuning keeps fp32 master weights).",
+        Choice(tuple(TORCH_DTYPES), optional=True),
     )
-    algorithm: str = field(
-        default="sage_grpo",
-        metadata=_help(
-            "Registered algorithm (agents.list_agents()): sage_grpo | flow_grpo | dance_grpo | cps | ddpo | reinforce. "
-            "Switches every algorithm default at once. Recommended: sage_grpo."
-        ),
+    algorithm: str = hyperparameter(
+        "sage_grpo",
+        "The algorithm: a built-in (sage_grpo, flow_grpo, dance_grpo, cps, ddpo, reinforce), an installed package's "
+        "(entry-point group sage_grpo.algorithms) or 'module:Class'. Switches every algorithm default at once. "
+        "Recommended: sage_grpo.",
+        PluginName(ALGORITHMS),
+    )
+    algorithm_args: dict | str | None = hyperparameter(
+        None,
+        'The algorithm\'s own fields beyond the shared ones, e.g. {"stat_buffer_size": 8} for ddpo (a JSON string '
+        "on the command line; sage-train also takes them as flags, --stat_buffer_size 8). None: their defaults.",
     )
     # -- video and sampling (None: the model's) ----------------------------------------------------------
-    num_frames: int | None = field(
-        default=None,
-        metadata=_help(
-            "Frames per video. Memory and compute grow linearly. None: the model's (81 for Wan and "
-            "HunyuanVideo 1.5 as in the paper, 8 for the toy)."
-        ),
+    num_frames: int | None = hyperparameter(
+        None,
+        "Frames per video. Memory and compute grow linearly. None: the model's (81 for Wan and "
+        "HunyuanVideo 1.5 as in the paper, 8 for the toy).",
+        Integer(1, 10**4, optional=True),
     )
-    height: int | None = field(
-        default=None, metadata=_help("Video height in pixels. None: the model's (480p).")
+    height: int | None = hyperparameter(
+        None, "Video height in pixels. None: the model's (480p).", Integer(1, 8192, optional=True)
     )
-    width: int | None = field(default=None, metadata=_help("Video width in pixels. None: the model's."))
-    fps: float | None = field(
-        default=None, metadata=_help("Frame rate passed to the reward. None: the model's.")
+    width: int | None = hyperparameter(
+        None, "Video width in pixels. None: the model's.", Integer(1, 8192, optional=True)
     )
-    num_inference_steps: int | None = field(
-        default=None,
-        metadata=_help(
-            "Denoising steps per rollout; rollout compute scales with it. None: the model's (paper: 20)."
-        ),
+    fps: float | None = hyperparameter(
+        None,
+        "Frame rate passed to the reward. None: the model's.",
+        Real(0.0, 1000.0, low_open=True, optional=True),
     )
-    shift: float | None = field(
-        default=None,
-        metadata=_help(
-            "Time shift of the flow-matching schedule. None: the model's own schedule (the pipeline's scheduler "
-            "for Wan and HunyuanVideo 1.5, 3 for the toy); a number: sage_env.sde.flow_match_sigmas(steps, shift)."
-        ),
+    num_inference_steps: int | None = hyperparameter(
+        None,
+        "Denoising steps per rollout; rollout compute scales with it. None: the model's (paper: 20).",
+        Integer(1, 1000, optional=True),
     )
-    sde_window: list[int] | None = field(
-        default=None,
-        metadata=_help(
-            "[start, end): only these steps use the SDE (and are trained); the others use the ODE. Fewer trained "
-            "steps, less training compute. None: all steps (paper)."
-        ),
+    shift: float | None = hyperparameter(
+        None,
+        "Time shift of the flow-matching schedule. None: the model's own schedule (the pipeline's scheduler "
+        "for Wan and HunyuanVideo 1.5, 3 for the toy); a number: sage_env.sde.flow_match_sigmas(steps, shift).",
+        Real(0.0, 1000.0, low_open=True, optional=True),
     )
-    rollout_batch_size: int | None = field(
-        default=None,
-        metadata=_help(
-            "Videos per transformer forward in rollouts (memory); None: the whole rollout batch at once."
-        ),
+    sde_window: list[int] | None = hyperparameter(
+        None,
+        "[start, end): only these steps use the SDE (and are trained); the others use the ODE. Fewer trained "
+        "steps, less training compute. None: all steps (paper).",
+        ListOf(Integer(0, 1000), min_length=2, max_length=2, optional=True, hint="e.g. [0, 5]"),
+    )
+    rollout_batch_size: int | None = hyperparameter(
+        None,
+        "Videos per transformer forward in rollouts (memory); None: the whole rollout batch at once.",
+        Integer(1, 2**16, optional=True),
     )
     # -- memory savers (docs/training_on_gpus.md) -----------------------------------------------------------
-    precompute_prompt_embeddings: bool = field(
-        default=False,
-        metadata=_help(
-            "Encode every training prompt once before training, then move the text encoders off the "
-            "accelerator."
-        ),
+    precompute_prompt_embeddings: bool = hyperparameter(
+        False,
+        "Encode every training prompt once before training, then move the text encoders off the accelerator.",
+        Flag(),
     )
-    offload_text_encoders: bool = field(
-        default=True,
-        metadata=_help("Keep text encoders off the accelerator between prompt encodings (no-op on CPU)."),
+    offload_text_encoders: bool = hyperparameter(
+        True, "Keep text encoders off the accelerator between prompt encodings (no-op on CPU).", Flag()
     )
-    vae_tiling: bool = field(default=False, metadata=_help("Decode rollouts in spatial tiles (less memory)."))
-    vae_slicing: bool = field(
-        default=False, metadata=_help("Decode rollouts one video at a time (less memory).")
+    vae_tiling: bool = hyperparameter(False, "Decode rollouts in spatial tiles (less memory).", Flag())
+    vae_slicing: bool = hyperparameter(False, "Decode rollouts one video at a time (less memory).", Flag())
+    reward_offload: bool = hyperparameter(
+        False,
+        "Move reward models off the accelerator between scoring calls (rewards with an offload()).",
+        Flag(),
     )
-    reward_offload: bool = field(
-        default=False,
-        metadata=_help(
-            "Move reward models off the accelerator between scoring calls (rewards with an offload())."
-        ),
-    )
-    diffusers_gradient_checkpointing: bool = field(
-        default=False,
-        metadata=_help(
-            "Set from gradient_checkpointing: diffusers models use enable_gradient_checkpointing()."
-        ),
+    diffusers_gradient_checkpointing: bool = hyperparameter(
+        False,
+        "Set from gradient_checkpointing: diffusers models use enable_gradient_checkpointing().",
+        Flag(),
     )
     # -- rewards ------------------------------------------------------------------------------------------
-    reward_preset: str | None = field(
-        default=None,
-        metadata=_help(
-            "Component weights: setting_a (VQ/MQ/TA 1/1/1) | setting_b (0.5/0.5/1, the paper's best). None: "
-            "Setting B for components named vq/mq/ta and 1.0 for every single-score reward function."
-        ),
+    reward_preset: str | None = hyperparameter(
+        None,
+        "Component weights: setting_a (VQ/MQ/TA 1/1/1) | setting_b (0.5/0.5/1, the paper's best). None: "
+        "Setting B for components named vq/mq/ta and 1.0 for every single-score reward function. Set at most one "
+        "of reward_preset, reward_component_weights and reward_weights.",
+        Choice(tuple(REWARD_PRESETS), optional=True),
     )
-    reward_component_weights: dict | str | None = field(
-        default=None,
-        metadata=_help(
-            'Explicit {component: weight} (a JSON string on the command line), e.g. {"vq": 1, "ta": 2}.'
-        ),
+    reward_component_weights: dict | str | None = hyperparameter(
+        None,
+        'Explicit {component: weight} (a JSON string on the command line), e.g. {"vq": 1, "ta": 2}.',
+        _ComponentWeights(),
     )
     # -- run folder and Hub ---------------------------------------------------------------------------------
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata=_help(
-            "Delete the run an existing output_dir holds (its checkpoints, weights, metrics; nothing else) and "
-            "start over. Without it, starting into a folder that holds a run is an error."
-        ),
+    overwrite_output_dir: bool = hyperparameter(
+        False,
+        "Delete the run an output_dir holds (only the files this library recorded writing there) and start over. "
+        "Without it, starting into a folder that holds a run is an error; a folder this library did not create "
+        "is never overwritten.",
+        Flag(),
     )
-    hub_license: str | None = field(
-        default=None,
-        metadata=_help(
-            "License of the pushed model (model card metadata), e.g. apache-2.0; required to push."
-        ),
+    hub_license: str | None = hyperparameter(
+        None,
+        "License of the pushed model (model card metadata), e.g. apache-2.0; required to push.",
+        Text(max_length=100, optional=True),
     )
     # -- TRL fields whose defaults change ---------------------------------------------------------------------
-    num_generations: int | None = field(
-        default=4, metadata=_help("Group size G (videos per prompt). Paper: 4.")
+    num_generations: int | None = hyperparameter(4, "Group size G (videos per prompt). Paper: 4.")
+    logging_steps: float = hyperparameter(1, "Log every X optimizer steps.")
+    gradient_checkpointing: bool = hyperparameter(
+        False, "Recompute activations in backward (diffusers' enable_gradient_checkpointing)."
     )
-    logging_steps: float = field(default=1, metadata=_help("Log every X optimizer steps."))
-    gradient_checkpointing: bool = field(
-        default=False,
-        metadata=_help("Recompute activations in backward (diffusers' enable_gradient_checkpointing)."),
-    )
-    save_strategy: str = field(
-        default="no", metadata=_help("no | steps | epoch; checkpoints resume exactly.")
-    )
+    save_strategy: str = hyperparameter("no", "no | steps | epoch; checkpoints resume exactly.")
+
+
+@dataclass
+class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
+    """Configuration of `SageGRPOTrainer`: TRL's `GRPOConfig` plus the fields of RL for video diffusion.
+
+    The algorithm fields are `agents.config.AlgorithmConfig`'s (one declaration each; None takes the chosen
+    algorithm's default, or the model's for ``guidance_scale``); the model, video, memory and reward fields are
+    `SageGRPOFields`'. ``num_generations`` is the group size G, ``per_device_train_batch_size`` the videos per
+    process and step, ``beta`` the (maximum) KL coefficient. Defaults that differ from GRPOConfig:
+    ``num_generations=4`` (paper), ``logging_steps=1``, ``bf16`` only with CUDA, ``gradient_checkpointing``
+    through diffusers, ``save_strategy='no'``.
+    """
 
     def __post_init__(self) -> None:
-        self._refuse_text_generation_options()
+        own_checks = {f.name for f in fields(self) if "check" in f.metadata}
+        config_checks.check_annotated_types(
+            self, skip=own_checks | {"algorithm_args", "reward_component_weights"}
+        )
+        config_checks.refuse_text_generation_options(self)
         self._resolve_precision_and_checkpointing()
-        if self.algorithm not in ALGORITHM_CONFIGS:
-            raise ValueError(
-                f"Unknown algorithm {self.algorithm!r}; choose one of {', '.join(sorted(ALGORITHM_CONFIGS))}."
-            )
+        self._parse_json_fields()
+        check_fields(self, only=SageGRPOFields)  # the model and its paths, before they are looked up
         self.resolve_model_defaults()
-        self._fill_algorithm_defaults()
-        self._parse_reward_weights()
-        self._validate_run()
-        self._validate_sampling()
-        super().__post_init__()
-        self.algorithm_config()  # validates the algorithm fields with AlgorithmConfig's own rules
+        self.fill_algorithm_defaults()
+        check_fields(self)
+        config_checks.check_training_arguments(self)
+        self.check_algorithm_rules()
+        self._check_run_rules()
+        self._check_reward_weights()
+        self._check_precision_fits_the_machine()
+        GRPOConfig.__post_init__(self)
+        self.algorithm_config()  # the algorithm's own fields (algorithm_args), validated by its config class
+
+    def to_dict(self) -> dict[str, Any]:
+        """transformers' ``TrainingArguments.to_dict`` (tokens masked, enums as values), not the algorithm's."""
+        return SageGRPOFields.to_dict(self)
 
     # -- resolution ---------------------------------------------------------------------------------------
 
-    def _refuse_text_generation_options(self) -> None:
-        """GRPOConfig options for text generation or LLM internals: an error when set, instead of being ignored."""
-        refused = _grpo_own_fields() - _USED_GRPO_FIELDS
-        for grpo_field in fields(GRPOConfig):
-            if grpo_field.name not in refused and grpo_field.name not in _REFUSED_HINTS:
-                continue
-            value = getattr(self, grpo_field.name)
-            if value != _default_of(grpo_field):
-                reason = _REFUSED_HINTS.get(grpo_field.name, _TEXT_GENERATION)
-                raise ValueError(
-                    f"{grpo_field.name}={value!r} is not supported by SageGRPOTrainer: {reason}."
-                )
+    def algorithm_defaults(self) -> Mapping[str, Any]:
+        """The chosen algorithm's defaults (what None-valued algorithm fields take)."""
+        return algorithm_spec(self.algorithm).config_class.defaults
 
     def _resolve_precision_and_checkpointing(self) -> None:
         if self.bf16 is None:
@@ -277,84 +267,91 @@ class SageGRPOFields(GRPOConfig):
         folder's ``model_index.json``, a Hub cache); when it cannot be (a Hub id not downloaded yet) the fields
         stay None and the trainer calls this again with the loaded backbone's class.
         """
-        from sage_env import models
+        from sage_env.backbones import backbone_class
+        from sage_env.models import pipeline_class_of
 
-        pipeline_class = pipeline_class or self.backbone or models.pipeline_class_of(self.model_name_or_path)
+        pipeline_class = pipeline_class or self.backbone or pipeline_class_of(self.model_name_or_path)
         if pipeline_class is None:
             return
-        defaults = models.SAMPLING_DEFAULTS.get(pipeline_class, models.GENERIC_SAMPLING_DEFAULTS)
+        filled = self.sampling().filled_from(backbone_class(pipeline_class).sampling_defaults)
         for name, attribute in _MODEL_FIELDS.items():
-            if getattr(self, name) is None and getattr(defaults, attribute, None) is not None:
-                setattr(self, name, getattr(defaults, attribute))
+            setattr(self, name, getattr(filled, attribute))
 
-    def _fill_algorithm_defaults(self) -> None:
-        defaults = ALGORITHM_CONFIGS[self.algorithm]()
-        for name in ALGORITHM_FIELDS:
-            if getattr(self, name) is None and name not in _MODEL_FIELDS:  # a model field's None: the model's
-                setattr(self, name, getattr(defaults, name))
+    def sampling(self) -> SamplingDefaults:
+        """The run's video size, steps, shift, guidance and frame rate as one bundle (None where the model's default
+        applies): what the environment, the evaluation and the preflight sample with."""
+        return SamplingDefaults(
+            **{attribute: getattr(self, name) for name, attribute in _MODEL_FIELDS.items()}
+        )
 
-    def _parse_reward_weights(self) -> None:
-        if isinstance(self.reward_component_weights, str):
+    def _parse_json_fields(self) -> None:
+        """``reward_component_weights`` and ``algorithm_args`` arrive as JSON strings from the command line."""
+        for name in ("reward_component_weights", "algorithm_args"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                continue
             try:
-                self.reward_component_weights = json.loads(self.reward_component_weights)
+                setattr(self, name, json.loads(value))
             except json.JSONDecodeError as error:
                 raise ValueError(
-                    'reward_component_weights must be a JSON object like {"vq": 0.5}, got '
-                    f"{self.reward_component_weights!r}."
+                    f'{name} must be a JSON object like {{"key": 0.5}}, got {value!r}.'
                 ) from error
-        if self.reward_component_weights is not None and not isinstance(self.reward_component_weights, dict):
-            raise ValueError('reward_component_weights must map components to weights, e.g. {"vq": 0.5}.')
-        if self.reward_preset is not None and self.reward_preset not in REWARD_PRESETS:
+        if self.algorithm_args is not None and not isinstance(self.algorithm_args, dict):
+            raise ValueError(f"algorithm_args must map field names to values, got {self.algorithm_args!r}.")
+
+    # -- rules between fields (before anything is loaded) ---------------------------------------------------------
+
+    def _check_run_rules(self) -> None:
+        if self.max_steps == 0:
             raise ValueError(
-                f"Unknown reward_preset {self.reward_preset!r}; choose one of {', '.join(REWARD_PRESETS)}."
+                "max_steps must be a positive number of optimizer steps (or -1 to train num_train_epochs), got 0."
             )
-
-    # -- validation (before anything is loaded) ---------------------------------------------------------------
-
-    def _validate_run(self) -> None:
-        if self.max_steps == 0 or self.max_steps < -1:
-            raise ValueError(
-                f"max_steps must be a positive number of optimizer steps (or -1 to train num_train_epochs), "
-                f"got {self.max_steps}."
-            )
-        for name in ("per_device_train_batch_size", "num_generations", "gradient_accumulation_steps"):
-            _check_positive_int(self, name)
-        if self.save_strategy == "steps" and self.save_steps is not None and self.save_steps <= 0:
-            raise ValueError(f"save_steps must be > 0 with save_strategy='steps', got {self.save_steps}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}.")
-        if self.torch_dtype not in (None, *TORCH_DTYPES):
-            raise ValueError(
-                f"torch_dtype must be one of {', '.join(TORCH_DTYPES)}, got {self.torch_dtype!r}."
-            )
-
-    def _validate_sampling(self) -> None:
-        for name in ("num_frames", "height", "width", "num_inference_steps"):
-            if getattr(self, name) is not None:
-                _check_positive_int(self, name)
-        if self.rollout_batch_size is not None:
-            _check_positive_int(self, "rollout_batch_size")
-        for name in ("fps", "shift"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not _finite(value) or value <= 0):
-                raise ValueError(f"{name} must be a finite number > 0 (or None: the model's), got {value!r}.")
-        self._validate_sde_window()
-
-    def _validate_sde_window(self) -> None:
-        window = self.sde_window
-        if window is None:
-            return
-        steps = self.num_inference_steps
-        if (
-            not isinstance(window, (list, tuple))
-            or len(window) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in window)
-            or not 0 <= window[0] < window[1]
-            or (steps is not None and window[1] > steps)
-        ):
+        window, steps = self.sde_window, self.num_inference_steps
+        if window is not None and (window[0] >= window[1] or (steps is not None and window[1] > steps)):
             raise ValueError(
                 f"sde_window must be two integers [start, end] with 0 <= start < end <= num_inference_steps "
                 f"({steps}), e.g. [0, {steps or 10}], got {window!r}."
+            )
+
+    def _check_precision_fits_the_machine(self) -> None:
+        """bf16 or fp16 training needs a GPU unless the run is explicitly on the CPU (transformers' own error says
+        neither what asked for it nor the ways on)."""
+        from transformers.utils import is_torch_bf16_gpu_available
+
+        half = "bf16" if self.bf16 else "fp16" if self.fp16 else None
+        accelerator = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+        supported = (
+            is_torch_bf16_gpu_available()
+            if half == "bf16"
+            else accelerator or torch.backends.mps.is_available()
+        )
+        if half and not self.use_cpu and not supported:
+            raise ValueError(
+                f"{half} is on (in the config or its flags), but this machine has no GPU that computes in it. To see "
+                "what the config "
+                "needs on a GPU, run it with --preflight (it plans on any CPU); to train here anyway, pass "
+                f"--use_cpu true (slow), or --{half} false."
+            )
+
+    def _check_reward_weights(self) -> None:
+        given = [
+            name
+            for name in ("reward_component_weights", "reward_weights", "reward_preset")
+            if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(
+                f"{' and '.join(given)} are both set, and only one decides the weights: keep one of them."
+            )
+        weights = self.reward_component_weights or {}
+        values = list(weights.values()) if isinstance(weights, dict) else []
+        values += list(self.reward_weights or [])
+        if values and not any(
+            value != 0 for value in values if isinstance(value, (int, float)) and math.isfinite(value)
+        ):
+            raise ValueError(
+                f"{given[0]} gives every reward weight 0: the total reward would be 0 for every video and nothing "
+                "would be learned. Give at least one component a positive weight."
             )
 
     # -- presets and derived views --------------------------------------------------------------------------------
@@ -371,10 +368,20 @@ class SageGRPOFields(GRPOConfig):
         return cls(**{**values, **overrides})
 
     def algorithm_config(self) -> AlgorithmConfig:
-        """The algorithm's config with this run's values (and TRL's seed)."""
-        config_class = ALGORITHM_CONFIGS[self.algorithm]
-        values = {f.name: getattr(self, f.name) for f in fields(config_class) if f.name in ALGORITHM_FIELDS}
-        return config_class(**values, seed=self.seed)
+        """The algorithm's config with this run's values: the shared fields and ``algorithm_args``."""
+        config_class = algorithm_spec(self.algorithm).config_class
+        own = {f.name for f in config_class.own_fields()}
+        extra = dict(self.algorithm_args or {})
+        unknown = set(extra) - own
+        if unknown:
+            hint = (
+                f"its own fields are {', '.join(sorted(own))}" if own else "it declares no fields of its own"
+            )
+            raise ValueError(
+                f"algorithm_args names {sorted(unknown)}, which algorithm {self.algorithm!r} does not declare ({hint}); "
+                "shared fields such as eta are set directly."
+            )
+        return config_class(**{name: getattr(self, name) for name in ALGORITHM_FIELDS}, **extra)
 
     def reward_weights_for_composite(self) -> dict[str, float] | list[float] | str | None:
         """What `sage_env.rewards.CompositeReward` takes: explicit weights, TRL's list, the preset, or None."""
@@ -385,72 +392,6 @@ class SageGRPOFields(GRPOConfig):
         return self.reward_preset
 
 
-def _default_of(config_field: dataclasses.Field) -> Any:
-    if config_field.default_factory is not dataclasses.MISSING:
-        return config_field.default_factory()
-    return config_field.default
-
-
 def refused_fields() -> set[str]:
     """GRPOConfig's text-generation and LLM fields, which `SageGRPOConfig` refuses when set."""
-    return (_grpo_own_fields() - _USED_GRPO_FIELDS) | set(_REFUSED_HINTS)
-
-
-def _grpo_own_fields() -> set[str]:
-    from transformers import TrainingArguments
-
-    return {f.name for f in fields(GRPOConfig)} - {f.name for f in fields(TrainingArguments)}
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def _check_positive_int(config: Any, name: str) -> None:
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-
-
-def _defaults_note(name: str) -> str:
-    """``Default: the algorithm's (sage_grpo 0.5; flow_grpo, ddpo 0.7; ...)`` from the registered configs."""
-    by_value: dict[str, list[str]] = {}
-    for algorithm, config_class in ALGORITHM_CONFIGS.items():
-        value = next(f for f in fields(config_class) if f.name == name).default
-        by_value.setdefault(repr(value), []).append(algorithm)
-    if len(by_value) == 1:
-        return f"Default: {next(iter(by_value))} for every built-in algorithm."
-    parts = "; ".join(f"{', '.join(names)} {value}" for value, names in by_value.items())
-    return f"Default: the algorithm's ({parts})."
-
-
-def _algorithm_field(algorithm_field: dataclasses.Field) -> tuple[str, Any, dataclasses.Field]:
-    annotation = str(algorithm_field.type)
-    if "None" not in annotation:
-        annotation = f"{annotation} | None"
-    help_text = f"{algorithm_field.metadata['help']} {_defaults_note(algorithm_field.name)}"
-    return algorithm_field.name, annotation, field(default=None, metadata={"help": help_text})
-
-
-ALGORITHM_FIELDS: tuple[str, ...] = tuple(f.name for f in trainer_fields())
-"""The `SageGRPOConfig` fields generated from `agents.config.AlgorithmConfig` (all but `AGENT_ONLY_FIELDS`)."""
-
-assert not set(ALGORITHM_FIELDS) & set(AGENT_ONLY_FIELDS)
-
-SageGRPOConfig = dataclasses.make_dataclass(
-    "SageGRPOConfig",
-    [_algorithm_field(f) for f in trainer_fields()],
-    bases=(SageGRPOFields,),
-    namespace={
-        "__module__": __name__,
-        "__doc__": (
-            "Configuration of `SageGRPOTrainer`: TRL's `GRPOConfig` plus the fields of RL for video diffusion.\n\n"
-            "The algorithm fields are generated from `agents.config.AlgorithmConfig` (one declaration each; None "
-            "takes the chosen algorithm's default); the model, video, memory and reward fields are "
-            "`SageGRPOFields`'. ``num_generations`` is the group size G, ``per_device_train_batch_size`` the "
-            "videos per process and step, ``beta`` the (maximum) KL coefficient. Defaults that differ from "
-            "GRPOConfig: ``num_generations=4`` (paper), ``logging_steps=1``, ``bf16`` only with CUDA, "
-            "``gradient_checkpointing`` through diffusers, ``save_strategy='no'``."
-        ),
-    },
-)
+    return config_checks.refused_fields()

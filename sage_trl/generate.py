@@ -9,8 +9,8 @@ What it produces (one video per prompt and seed, tiled prompts x seeds into one 
   1.5). With ``FlowMatchEulerDiscreteScheduler`` (HunyuanVideo 1.5; the tests' tiny pipelines) this is also
   what an ``ode`` rollout of `sage_env.DenoisingVectorEnv` gives; with the released Wan checkpoints (UniPC)
   it is UniPC sampling, which an Euler rollout on the same sigmas does not reproduce.
-* the toy model: `sage_env.toy.sampling.sample_videos`, deterministic Euler steps on the toy schedule (what an
-  ``ode`` rollout of ``sage_env/Toy-v0`` gives).
+* any other backbone (the toy model): `sage_env.env.sample_videos`, the environment's own sampler with deterministic
+  Euler steps (what an ``ode`` rollout of ``sage_env/Toy-v0`` gives).
 
 Unset sizes, steps, shift, guidance and the file's frame rate are the model's
 `sage_env.models.SamplingDefaults`; ``--shift`` replaces the scheduler's shift
@@ -30,16 +30,14 @@ from pathlib import Path
 
 import torch
 
-from sage_env.backbones import VideoBackbone, load_backbone
+from sage_env.backbones import VideoBackbone, backbone_class, load_backbone
 from sage_env.backbones.pipeline import PipelineBackbone
-from sage_env.models import (
-    GENERIC_SAMPLING_DEFAULTS,
-    SAMPLING_DEFAULTS,
-    check_local_reference,
-    pipeline_class_of,
-)
+from sage_env.env import sample_videos
+from sage_env.models import SamplingDefaults, check_local_reference, pipeline_class_of
 from sage_env.video_io import WRITABLE_SUFFIXES, write_video
+from sage_trl.cli.resolve import check_prompts
 from sage_trl.config import TORCH_DTYPES
+from sage_trl.model_facts import check_video_settings
 
 __all__ = [
     "GenerationSettings",
@@ -62,14 +60,8 @@ class GenerationSettings:
     adapter: str | None
     prompts: tuple[str, ...]
     seeds: tuple[int, ...]
-    num_frames: int
-    height: int
-    width: int
-    num_steps: int
-    shift: float | None
-    guidance_scale: float | None
+    sampling: SamplingDefaults
     negative_prompt: str | None
-    fps: float
     output: Path
     device: str
     dtype: torch.dtype
@@ -131,6 +123,22 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ValueError(f"--guidance-scale must be finite, got {args.guidance_scale}.")
 
 
+def _check_device(device: str | None) -> str:
+    """``--device``, or the default (cuda when there is one); a device this machine does not have is an error."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a device name; use cpu, cuda or cuda:N.") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not available.get(parsed.type, True):
+        raise ValueError(f"--device {device}: this machine has no {parsed.type} device; use --device cpu.")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s).")
+    return device
+
+
 def resolve_settings(args: argparse.Namespace) -> GenerationSettings:
     """Check the arguments and fill the unset ones from the model's `sage_env.models.SamplingDefaults`.
 
@@ -138,9 +146,11 @@ def resolve_settings(args: argparse.Namespace) -> GenerationSettings:
     """
     output = _check_output(args.output)
     _check_numbers(args)
+    check_prompts(args.prompt, "--prompt", toy_grammar=False)
+    device = _check_device(args.device)
     if args.adapter is not None:
         check_local_reference(args.adapter, "--adapter")
-    defaults = SAMPLING_DEFAULTS.get(pipeline_class_of(args.model, download=True), GENERIC_SAMPLING_DEFAULTS)
+    defaults = backbone_class(pipeline_class_of(args.model, download=True)).sampling_defaults
     sizes = {
         name: _positive(flag, given if given is not None else declared)
         for name, flag, given, declared in (
@@ -150,19 +160,18 @@ def resolve_settings(args: argparse.Namespace) -> GenerationSettings:
             ("num_steps", "steps", args.steps, defaults.num_steps),
         )
     }
+    check_video_settings(args.model, None, sizes["num_frames"], sizes["height"], sizes["width"])
+    chosen = SamplingDefaults(**sizes, shift=args.shift, guidance_scale=args.guidance_scale, fps=None)
     return GenerationSettings(
         model=args.model,
         adapter=args.adapter,
         prompts=tuple(args.prompt),
         seeds=tuple(args.seeds),
-        shift=args.shift if args.shift is not None else defaults.shift,
-        guidance_scale=args.guidance_scale if args.guidance_scale is not None else defaults.guidance_scale,
+        sampling=chosen.filled_from(defaults),
         negative_prompt=args.negative_prompt,
-        fps=defaults.fps,
         output=output,
-        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        device=device,
         dtype=TORCH_DTYPES[args.dtype],
-        **sizes,
     )
 
 
@@ -175,7 +184,7 @@ def generate_videos(settings: GenerationSettings) -> torch.Tensor:
     """Load the model (and adapter) and sample every (prompt, seed): ``(P * S, F, 3, H, W)`` float32 in [0, 1]."""
     backbone = load_backbone(settings.model, torch_dtype=settings.dtype, device=settings.device)
     # A size the model cannot make is an error here; the pipelines would silently round it.
-    backbone.latent_shape(settings.num_frames, settings.height, settings.width)
+    backbone.latent_shape(settings.sampling.num_frames, settings.sampling.height, settings.sampling.width)
     if settings.adapter is not None:
         backbone.load_lora_weights(settings.adapter)
     if isinstance(backbone, PipelineBackbone):
@@ -184,38 +193,28 @@ def generate_videos(settings: GenerationSettings) -> torch.Tensor:
 
 
 def _sampled_videos(backbone: VideoBackbone, settings: GenerationSettings) -> torch.Tensor:
-    from sage_env.toy.sampling import sample_videos
-
     prompts = [prompt for prompt in settings.prompts for _ in settings.seeds]
+    seeds = list(settings.seeds) * len(settings.prompts)
     return sample_videos(
-        backbone,
-        prompts,
-        list(settings.seeds) * len(settings.prompts),
-        num_steps=settings.num_steps,
-        shift=settings.shift,
-        guidance_scale=settings.guidance_scale,
-        num_frames=settings.num_frames,
-        height=settings.height,
-        width=settings.width,
-        negative_prompt=settings.negative_prompt,
+        backbone, prompts, seeds, settings.sampling, negative_prompt=settings.negative_prompt
     ).cpu()
 
 
 def _pipeline_videos(backbone: PipelineBackbone, settings: GenerationSettings) -> torch.Tensor:
     """``pipe(...)`` once per (prompt, seed), each with its own seeded generator (as the env draws noise)."""
-    pipeline = backbone.pipeline
-    if settings.shift is not None:
-        pipeline.scheduler = backbone.make_scheduler(settings.shift)
+    pipeline, sampling = backbone.pipeline, settings.sampling
+    if sampling.shift is not None:
+        pipeline.scheduler = backbone.make_scheduler(sampling.shift)
     arguments = {
         "negative_prompt": settings.negative_prompt,
-        "num_frames": settings.num_frames,
-        "height": settings.height,
-        "width": settings.width,
-        "num_inference_steps": settings.num_steps,
+        "num_frames": sampling.num_frames,
+        "height": sampling.height,
+        "width": sampling.width,
+        "num_inference_steps": sampling.num_steps,
         "output_type": "pt",
     }
-    if settings.guidance_scale is not None:
-        _set_guidance(pipeline, arguments, settings.guidance_scale)
+    if sampling.guidance_scale is not None:
+        _set_guidance(pipeline, arguments, sampling.guidance_scale)
     videos = [
         pipeline(prompt=prompt, generator=torch.Generator().manual_seed(seed), **arguments)
         .frames.float()
@@ -258,7 +257,7 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
         videos = generate_videos(settings)
     except ValueError as error:
         parser.exit(2, f"sage-generate: error: {error}\n")
-    path = write_grid(videos, settings.output, settings.fps, columns=len(settings.seeds))
+    path = write_grid(videos, settings.output, settings.sampling.fps, columns=len(settings.seeds))
     print(
         f"{len(videos)} videos ({len(settings.prompts)} prompts x {len(settings.seeds)} seeds) written to {path}"
     )

@@ -14,6 +14,7 @@ import torch
 from transformers import TrainerCallback
 
 from sage_env.video_io import write_video
+from sage_trl.run_folder.manifest import record_entries
 from sage_trl.run_folder.writes import guarded_write
 
 __all__ = [
@@ -53,6 +54,7 @@ class MetricsFileCallback(TrainerCallback):
         survived = "the checkpoints written so far are intact"
         with guarded_write(self.path.name, self.path, survived=survived):
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            record_entries(self.path.parent, self.path.name)
             with self.path.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
 
@@ -146,6 +148,7 @@ def plot_reward_curves(metrics_path: str | os.PathLike, output_dir: str | os.Pat
         axis.grid(alpha=0.3)
         figure.tight_layout()
         path = Path(output_dir) / f"{name.replace('/', '_')}.png"
+        record_entries(output_dir, path.name)  # a run folder's manifest records what the library writes
         figure.savefig(path, dpi=100)
         plt.close(figure)
         written.append(path)

@@ -1,16 +1,17 @@
 """What `SageGRPOTrainer` does with its run folder and the Hub, on top of `transformers.Trainer`.
 
 `RunFolderTrainerMixin.train` runs `transformers.Trainer.train` in a claimed run folder (the rules:
-`sage_trl.run_folder`), saving goes through `sage_trl.checkpoints` (diffusers-format weights, checkpoints written
-atomically and loaded without unpickling) and pushing through `sage_trl.hub`. The mixin comes before
-`trl.GRPOTrainer` in `SageGRPOTrainer`'s bases; it needs the trainer's ``checkpoint_state`` family of methods
-(`sage_trl.checkpoints` calls them).
+`sage_trl.run_folder`). It orders every save: the files are `sage_trl.checkpoints`'s (diffusers-format weights,
+checkpoints written atomically and loaded without unpickling), pushing is `sage_trl.hub`'s. The mixin comes before
+`trl.GRPOTrainer` in `SageGRPOTrainer`'s bases and uses the trainer's ``checkpoint_state`` family of methods and
+its ``backbone``, ``reward`` and run attributes.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,9 @@ from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
-from sage_trl import checkpoints, hub
+from sage_trl import _trl_compat, checkpoints, hub
 from sage_trl.hub.upload import check_license
-from sage_trl.run_folder import RunFolder, RunFolderError, RunStart, layout, plan_start
+from sage_trl.run_folder import RunFolder, RunFolderError, RunStart, check_resume, layout, plan_start
 from sage_trl.run_folder.writes import guarded_write
 
 __all__ = ["RunFolderTrainerMixin"]
@@ -48,8 +49,12 @@ class RunFolderTrainerMixin:
         ``training_complete.json`` is written last: only a run that got there can be pushed.
         """
         start = self.plan_run(resume_from_checkpoint)
+        if start.checkpoint is not None and start.finished is None:
+            check_resume(start.checkpoint, self.args, self.peft_config)
         self.accelerator.wait_for_everyone()  # every process has validated before the main one writes
         start.begin(main_process=self.is_world_process_zero())
+        if self.is_world_process_zero():
+            self._record_logging_folder()
         try:
             self.accelerator.wait_for_everyone()
             if start.finished is not None:
@@ -59,6 +64,15 @@ class RunFolderTrainerMixin:
             return output
         finally:
             start.end()
+
+    def _record_logging_folder(self) -> None:
+        """transformers' TensorBoard callback writes its events into ``<output_dir>/runs/...`` unless
+        ``TENSORBOARD_LOGGING_DIR`` says otherwise: the run wrote that folder, so the manifest records it."""
+        from transformers.integrations.integration_utils import default_logdir
+
+        reports = self.args.report_to or []
+        if ("tensorboard" in reports or "all" in reports) and not os.getenv("TENSORBOARD_LOGGING_DIR"):
+            RunFolder(self.args.output_dir).record(Path(default_logdir()).parts[0])
 
     def plan_run(self, resume_from_checkpoint: str | bool | None = None) -> RunStart:
         """How `train` would start in ``output_dir`` (see `sage_trl.run_folder.plan_start`); changes nothing."""
@@ -81,7 +95,7 @@ class RunFolderTrainerMixin:
         if checkpoint is not None and self.is_deepspeed_enabled:
             # DeepSpeed's engine restores the weights from its own checkpoint files, and transformers then skips
             # _load_from_checkpoint, which also restores the trainer's own state (anchor, counters, rollout seeds).
-            checkpoints.load_trainer_state(self, checkpoint)
+            self._load_trainer_state(checkpoint)
         try:
             return super().train(
                 resume_from_checkpoint=checkpoint,
@@ -100,7 +114,8 @@ class RunFolderTrainerMixin:
     def _finish_run(self, output: TrainOutput) -> None:
         """Save the final model into ``output_dir``, then write the completion record (main process)."""
         with guarded_write("the final model", self.args.output_dir, survived=self._survivor()):
-            self.save_model(self.args.output_dir)
+            # Internal: transformers would push from save_model, before the completion record exists.
+            self.save_model(self.args.output_dir, _internal_call=True)
             if self.is_world_process_zero():
                 summary = {k: v for k, v in output.metrics.items() if isinstance(v, (int, float))}
                 RunFolder(self.args.output_dir).mark_complete(
@@ -108,12 +123,11 @@ class RunFolderTrainerMixin:
                 )
 
     def _survivor(self) -> str:
-        latest = RunFolder(self.args.output_dir).latest_checkpoint()
-        return f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
+        return checkpoints.survivor(self.args.output_dir)
 
     def _finished_run(self, completion: dict[str, Any]) -> TrainOutput:
         """A finished run asked to resume: load its final weights, train nothing, say so."""
-        checkpoints.load_model_weights(self, self.args.output_dir)
+        checkpoints.load_model_weights(self.backbone, self.args.output_dir, lora=self.peft_config is not None)
         self.state.global_step = int(completion["global_step"])
         self.state.max_steps = completion.get("max_steps") or self.state.global_step
         logger.warning(
@@ -185,16 +199,81 @@ class RunFolderTrainerMixin:
             revision=self.args.hub_revision,
         )
 
+    def run_record(self) -> dict[str, Any]:
+        """The ``run`` block of ``sage_config.json`` (`sage_trl.checkpoints.run_record`)."""
+        return checkpoints.run_record(
+            model_name_or_path=self.model_name_or_path,
+            pipeline_class=self.pipeline_class,
+            reward_funcs=self.reward.reward_funcs,
+            reward_weights=self.resolved_reward_weights,
+            dataset=self.dataset_name,
+        )
+
     def _save(self, output_dir: str | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Save the adapter (diffusers LoRA format) or the full transformer (diffusers folder) and the config."""
-        checkpoints.save_model_files(self, output_dir or self.args.output_dir, state_dict)
+        """Save the adapter (diffusers LoRA format) or the full transformer (diffusers folder) and the config.
+
+        Main process only: under FSDP, transformers calls this on every process with the state dict it gathered,
+        which is full on the main process and empty on the others.
+        """
+        if self.args.should_save:
+            config = {**self.args.to_dict(), "run": self.run_record()}
+            checkpoints.write_model_files(
+                output_dir or self.args.output_dir, self.backbone, lora=self.peft_config is not None,
+                config=config, state_dict=state_dict,
+            )  # fmt: skip
 
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
-        """Write ``checkpoint-N`` atomically (`sage_trl.checkpoints.save_checkpoint`)."""
-        checkpoints.save_checkpoint(self, trial)
+        """Write ``checkpoint-N`` into ``tmp-checkpoint-N`` and rename it at the end (see `sage_trl.checkpoints`);
+        push it if ``hub_strategy`` asks."""
+        run_dir = self._get_output_dir(trial=trial)
+        name = layout.checkpoint_name(self.state.global_step)
+        staging = os.path.join(run_dir, f"{layout.STAGING_PREFIX}-{self.state.global_step}")
+        if self.args.should_save and os.path.exists(staging):
+            shutil.rmtree(staging)
+        self.accelerator.wait_for_everyone()
+        self.store_flos()
+        state = self.checkpoint_state()  # on every process: a sharded (FSDP2) anchor is gathered
+        with guarded_write(name, staging, survived=checkpoints.survivor(run_dir), cleanup=Path(staging)):
+            if self.args.should_save:
+                RunFolder(run_dir).record(os.path.basename(staging), name)
+            self.save_model(staging, _internal_call=True)
+            _trl_compat.save_trainer_checkpoint_parts(self, staging)
+            if self.args.should_save:
+                checkpoints.write_state(staging, state)
+            if self.accelerator.num_processes > 1:
+                checkpoints.write_state(staging, self.process_state(), self.accelerator.process_index)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            final = os.path.join(run_dir, name)
+            checkpoints.replace_directory(staging, final)
+            if self.args.push_to_hub:
+                self._push_from_checkpoint(final)
+            _trl_compat.rotate_checkpoints(self, run_dir)
+        self.accelerator.wait_for_everyone()
 
     def _load_from_checkpoint(
         self, resume_from_checkpoint: str, model: torch.nn.Module | None = None
     ) -> None:
         """Restore weights (adapter or transformer) and the trainer's state from ``resume_from_checkpoint``."""
-        checkpoints.load_checkpoint(self, resume_from_checkpoint)
+        checkpoints.load_model_weights(
+            self.backbone, resume_from_checkpoint, lora=self.peft_config is not None
+        )
+        self._load_trainer_state(resume_from_checkpoint)
+
+    def _load_trainer_state(self, checkpoint: str) -> None:
+        """Restore the trainer's own state from ``checkpoint``: the shared one (``checkpoint_state``), then this
+        process's own (``process_state``) where the checkpoint has it."""
+        device = self.accelerator.device
+        self.load_checkpoint_state(checkpoints.read_state(checkpoint, device))
+        if self.accelerator.num_processes == 1:
+            return
+        own = checkpoints.read_state(checkpoint, device, self.accelerator.process_index)
+        if own is not None:
+            self.load_process_state(own)
+        else:
+            logger.warning(
+                "%s has no state of process %d (it was written by fewer processes): this process resumes with the "
+                "main process's buffered rollouts and timestep generator.",
+                checkpoint,
+                self.accelerator.process_index,
+            )

@@ -23,7 +23,7 @@ from transformers import TrainerCallback, set_seed
 from transformers.utils import logging
 from trl import GRPOTrainer
 
-from agents import ALGORITHM_CLASSES, PolicyGradientAlgorithm, References
+from agents import ALGORITHM_CLASSES, Algorithm, References
 from sage_env.backbones import VideoBackbone
 from sage_env.env import BackbonePolicy, Trajectory, run_episode
 from sage_env.rewards import CompositeReward, RewardFailureMonitor
@@ -32,6 +32,7 @@ from sage_trl import training_setup as setup
 from sage_trl.config import SageGRPOConfig
 from sage_trl.distributed import check_launch, parameters_outside, release_process_group_at_exit
 from sage_trl.lora import add_lora
+from sage_trl.model_facts import check_model_facts
 from sage_trl.outputs import MetricsFileCallback
 from sage_trl.run_folder import layout
 from sage_trl.run_folder_trainer import RunFolderTrainerMixin
@@ -42,10 +43,14 @@ logger = logging.get_logger(__name__)
 
 
 class _AlgorithmCallback(TrainerCallback):
-    """After every optimizer step: KL coefficient update and moving-anchor refresh (on every process)."""
+    """Around every optimizer step (on every process): no update from rollouts without a single valid reward;
+    after it, the KL coefficient update and the moving-anchor refresh."""
 
     def __init__(self, trainer: SageGRPOTrainer) -> None:
         self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer._drop_update_without_valid_rewards()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.trainer._after_optimizer_step()
@@ -102,6 +107,8 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         if not isinstance(args, SageGRPOConfig):
             raise ValueError(f"args must be a SageGRPOConfig, got {type(args).__name__}.")
         set_seed(args.seed)  # the adapter's random init must follow the run's seed
+        if model is None or isinstance(model, str):
+            check_model_facts(args, peft_config, model_name_or_path=model)
         self.backbone = setup.load_training_backbone(model, args, lora=peft_config is not None)
         self.model_name_or_path = model if isinstance(model, str) else args.model_name_or_path
         self.pipeline_class = setup.pipeline_class_name(self.backbone)
@@ -111,7 +118,8 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         if peft_config is None:
             self.backbone.transformer.requires_grad_(True)
         algorithm_config = args.algorithm_config()
-        self.algorithm: PolicyGradientAlgorithm = ALGORITHM_CLASSES[args.algorithm](algorithm_config)
+        # TRL's seed seeds the timestep selection, as it seeds the rollouts (resume and --seed reproduce runs).
+        self.algorithm: Algorithm = ALGORITHM_CLASSES[args.algorithm](algorithm_config, seed=args.seed)
         self.reward = setup.composite_reward(reward_funcs, args)
         train_dataset = setup.prompt_dataset(train_dataset)
         self.dataset_name: str | None = train_dataset.info.dataset_name
@@ -140,6 +148,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         self.resolved_reward_weights: dict[str, float] = {}
         self.reward_failures = RewardFailureMonitor(args.max_consecutive_reward_failures)
         self._kl_values: list[float] = []
+        self._step_had_valid = False  # any sample of this optimizer step with a valid reward (this process)
         # Under DDP: the trainable parameters the loss does not reach (found on the first loss).
         self._unreached: list[torch.nn.Parameter] | None = None
         self.add_callback(_AlgorithmCallback(self))
@@ -208,15 +217,25 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
             "trainable": trajectory.trainable,
             "advantages": advantages,
             "usable": usable,
+            "valid": trajectory.rewards.valid.to(self.accelerator.device),
             "seeds": trajectory.seeds.to(self.accelerator.device),
             "prompt": list(trajectory.prompts),
         }
 
     def _check_reward_failures(self, trajectory: Trajectory) -> None:
-        """Count rollouts without a single valid reward (all processes); stop after too many in a row."""
+        """Count rollouts without a single valid reward (all processes); stop after too many in a row. Such a
+        rollout is reported now, and the optimizer steps it feeds change no weight (`_drop_update_without_valid_rewards`)."""
         device = self.accelerator.device
         valid = gather(trajectory.rewards.valid.to(device))
         self.reward_failures.observe(int(valid.sum()), len(valid), trajectory.rewards.errors)
+        if not valid.any():
+            reason = next((error for error in trajectory.rewards.errors if error), "no reward was valid")
+            logger.warning(
+                "Every reward of this rollout failed (%s): it trains nothing (%d of %d such rollouts in a row allowed).",
+                reason,
+                self.reward_failures.consecutive,
+                self.args.max_consecutive_reward_failures,
+            )
 
     def _offload_reward_models(self) -> None:
         """Move reward models off the accelerator until the next scoring call (``reward_offload``)."""
@@ -307,6 +326,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         if return_outputs:
             raise ValueError("SageGRPOTrainer.compute_loss does not return outputs.")
         start = time.perf_counter()
+        self._step_had_valid = self._step_had_valid or bool(inputs["valid"].any())
         batch = self._step_transitions(inputs)
         chunks, share = self._loss_chunks(batch, inputs)
         scale = share / self.current_gradient_accumulation_steps
@@ -325,7 +345,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
 
     def _step_transitions(self, inputs: dict[str, Any], usable: torch.Tensor | None = None) -> Any:
         """The (sample, step) pairs of this step's samples (``usable``: which samples; the inputs' by default)."""
-        return self.algorithm.transitions(
+        return self.algorithm.training_batch(
             self._trajectory_from_inputs(inputs),
             inputs["advantages"],
             inputs["usable"] if usable is None else usable,
@@ -397,6 +417,18 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         self._metrics["train"]["time/train_step"].append(seconds)
         self._kl_values.append(means.get("kl/total", 0.0))
         return means.get("loss", 0.0)
+
+    def _drop_update_without_valid_rewards(self) -> None:
+        """Before the optimizer steps: when none of this step's samples, on any process, had a valid reward, its
+        gradient is dropped (set to None, which AdamW skips: no momentum, no weight decay), so a step of failed
+        rewards changes no weight. DeepSpeed steps its own copies of the gradients and still takes the step."""
+        had_valid = torch.tensor([float(self._step_had_valid)], device=self.accelerator.device)
+        self._step_had_valid = False
+        if float(self.accelerator.reduce(had_valid, "sum")) > 0:
+            return
+        for parameter in self.backbone.transformer.parameters():
+            parameter.grad = None
+        self._metrics["train"]["reward/update_dropped"].append(1.0)
 
     def _after_optimizer_step(self) -> None:
         # The recorded KL values are means over all processes already: every process takes the same decision.

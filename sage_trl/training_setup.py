@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 
-from sage_env.backbones import BACKBONES, VideoBackbone, load_backbone
+from sage_env.backbones import VideoBackbone, load_backbone
 from sage_env.env import DenoisingVectorEnv
 from sage_env.rewards import CompositeReward
 
@@ -63,9 +63,8 @@ def load_training_backbone(model: VideoBackbone | str | None, config: Any, lora:
 
 
 def pipeline_class_name(backbone: VideoBackbone) -> str | None:
-    """The registry name (pipeline class) of a backbone's class, None for an unregistered backbone."""
-    target = f"{type(backbone).__module__}:{type(backbone).__name__}"
-    return next((name for name, registered in BACKBONES.items() if registered == target), None)
+    """The name a backbone's class is found by (its declared ``pipeline_class``), None when it declares none."""
+    return type(backbone).pipeline_class
 
 
 def check_video_size(config: Any) -> None:
@@ -120,16 +119,11 @@ def training_env(
         reward_fn,
         num_envs=videos_per_round(config),
         group_size=1,
-        num_frames=config.num_frames,
-        height=config.height,
-        width=config.width,
-        num_steps=config.num_inference_steps,
-        shift=config.shift,
+        **config.sampling().env_kwargs(),
         sde=config.sde,
         eta=config.eta,
         sde_window=tuple(config.sde_window) if config.sde_window else None,
         log_prob_kind=config.log_prob_kind,
-        fps=config.fps,
         device=device,
         array_mode="torch",
     )

@@ -12,9 +12,11 @@ Sizes and timings are documented in `tests.fixtures.tiny_pipelines`; use ``TINY_
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import sage_env.backbones
 from sage_env.backbones import VideoBackbone, load_backbone
 from tests.fixtures.tiny_pipelines import (
     build_tiny_hunyuan_pipeline,
@@ -45,3 +47,23 @@ def tiny_wan_backbone(tiny_wan_path: Path) -> VideoBackbone:
 def tiny_hunyuan_backbone(tiny_hunyuan_path: Path) -> VideoBackbone:
     """A fresh `HunyuanVideo15Backbone` loaded from ``tiny_hunyuan_path`` through ``load_backbone`` (CPU, float32)."""
     return load_backbone(str(tiny_hunyuan_path))
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a video model is loaded: every case here must be refused before that."""
+
+    def refuse(model: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(model, VideoBackbone):  # already built: load_backbone returns it as is
+            return model
+        raise AssertionError("a model was loaded before the bad input was refused")
+
+    def refusing_class(name: str) -> type[VideoBackbone]:
+        # its facts (sampling defaults) stay readable; only loading is refused
+        cls = real_backbone_class(name)
+        return type(cls.__name__, (cls,), {"from_pretrained": classmethod(refuse)})
+
+    real_backbone_class = sage_env.backbones.backbone_class
+    monkeypatch.setattr("sage_trl.training_setup.load_backbone", refuse)
+    # load_backbone checks the path first, then asks for the class: the refusal comes after those checks
+    monkeypatch.setattr("sage_env.backbones.backbone_class", refusing_class)

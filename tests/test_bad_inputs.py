@@ -18,27 +18,15 @@ import pytest
 import torch
 
 from sage_env import sde
-from sage_env.backbones import VideoBackbone
 from sage_env.env import DenoisingVectorEnv
 from sage_env.rewards import CompositeReward, RewardFailureMonitor, check_videos
+from sage_env.rewards.toy import ToyReward
 from sage_trl import SageGRPOConfig
 from sage_trl.cli import train_main
 from sage_trl.hub import push_main
 from sage_trl.run_folder import RunFolder
+from sage_trl.run_folder.manifest import create_manifest
 from tests.doubles import LinearBackbone, mean_brightness
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if a video model is loaded: every case here must be refused before that."""
-
-    def refuse(model: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(model, VideoBackbone):  # already built: load_backbone returns it as is
-            return model
-        raise AssertionError("a model was loaded before the bad input was refused")
-
-    monkeypatch.setattr("sage_trl.training_setup.load_backbone", refuse)
-    monkeypatch.setattr("sage_env.backbones._backbone_class", refuse)  # after load_backbone's own path checks
 
 
 @pytest.fixture
@@ -92,7 +80,7 @@ TRAIN_CASES: list[tuple[list[str], str]] = [
     (["--eta", "inf"], "eta"),
     (["--sde", "cps", "--eta", "1.5"], "eta"),
     (["--sde", "ode"], "sde"),
-    (["--sde", "langevin"], "SDE type 'langevin'"),
+    (["--sde", "langevin"], "Unknown SDE type 'langevin'; known: cps"),
     (["--sde_window", "3"], "sde_window"),
     (["--sde_window", "4", "2"], "sde_window"),
     (["--sde_window", "0", "99"], "sde_window"),
@@ -122,7 +110,7 @@ TRAIN_CASES: list[tuple[list[str], str]] = [
     (["--config", "{list_yaml}"], "mapping"),
     (["--config", "{typo_yaml}"], "lerning_rate"),
     (["--preset", "no_such_preset"], "preset"),
-    (["--algorithm", "ppo"], "algorithm 'ppo'"),
+    (["--algorithm", "ppo"], "Unknown algorithm 'ppo'; known: cps"),
     (["--scale_rewards", "per_token"], "scale_rewards"),
     (["--kl_strategy", "reverse"], "kl_strategy"),
     (["--kl_coef_schedule", "cosine"], "kl_coef_schedule"),
@@ -165,6 +153,90 @@ TRAIN_CASES: list[tuple[list[str], str]] = [
     (["--gpu_memory_gib", "0"], "gpu_memory_gib"),
     (["--lerning_rate", "1e-4"], "--lerning_rate"),
     (["--max_steps", "two"], "--max_steps"),
+    # numbers out of range, found on 2dec1df to be accepted or misreported
+    (["--learning_rate", "inf"], "learning_rate"),
+    (["--learning_rate", "1e9"], "learning_rate"),
+    (["--learning_rate", "-1e-3"], "learning_rate must be"),
+    (["--learning_rate", "nan"], "learning_rate"),
+    (["--eta", "1e6"], "eta"),
+    (["--eta", "0"], "eta"),
+    (["--eta", "11"], "eta"),
+    (["--adam_beta1", "2"], "adam_beta1"),
+    (["--adam_beta2", "-0.1"], "adam_beta2"),
+    (["--adam_epsilon", "0"], "adam_epsilon"),
+    (["--weight_decay", "-1"], "weight_decay"),
+    (["--weight_decay", "2"], "weight_decay"),
+    (["--num_iterations", "1000000"], "num_iterations"),
+    (["--max_steps", "-1", "--num_train_epochs", "-3"], "num_train_epochs"),
+    (["--max_steps", "-1", "--num_train_epochs", "0"], "num_train_epochs"),
+    (["--max_steps", "-2"], "max_steps"),
+    (["--steps_per_generation", "0"], "steps_per_generation"),
+    (["--num_generations", "1"], "num_generations"),
+    (["--seed", "9999999999999"], "seed"),
+    (["--logging_steps", "0"], "logging_steps"),
+    (["--save_total_limit", "0"], "save_total_limit"),
+    (["--dataloader_num_workers", "-1"], "dataloader_num_workers"),
+    (["--guidance_scale", "1e9"], "guidance_scale"),
+    (["--guidance_scale", "nan"], "guidance_scale"),
+    (["--beta", "inf"], "beta"),
+    (["--beta", "nan"], "beta"),
+    (["--beta_pos", "inf"], "beta_pos"),
+    (["--kl_history", "10000000"], "kl_history"),
+    (["--kl_warmup_steps", "1.5"], "--kl_warmup_steps"),
+    (["--anchor_update_steps", "-3"], "anchor_update_steps"),
+    (["--timestep_fraction", "nan"], "timestep_fraction"),
+    (["--epsilon_high", "-0.2"], "epsilon_high"),
+    (["--advantage_eps", "2"], "advantage_eps"),
+    (["--equalizer_eps", "nan"], "equalizer_eps"),
+    (["--micro_batch_size", "1e9"], "--micro_batch_size"),
+    (["--micro_batch_size", "100000000"], "micro_batch_size"),
+    (["--max_consecutive_reward_failures", "-2"], "max_consecutive_reward_failures"),
+    (["--sde_window", "0", "-1"], "sde_window"),
+    (["--sde_window", "-1", "3"], "sde_window"),
+    (["--gpu_memory_gib", "-5"], "gpu_memory_gib"),
+    (["--gpu_memory_gib", "inf"], "gpu_memory_gib"),
+    (["--fps", "1e9"], "fps"),
+    (["--shift", "inf"], "shift"),
+    (["--num_inference_steps", "100000"], "num_inference_steps"),
+    (["--rollout_batch_size", "-4"], "rollout_batch_size"),
+    (["--num_eval_prompts", "100"], "num_eval_prompts"),
+    (["--eval_seeds", "-3", "1"], "eval_seeds"),
+    # sizes the model cannot make, refused from its configuration before any weight loads
+    (["--num_frames", "100000"], "num_frames"),
+    (["--num_frames", "40"], "frames"),
+    (["--height", "1000000"], "height"),
+    (["--width", "7"], "width"),
+    (["--height", "200"], "height"),
+    (["--lora_r", "100000"], "lora_r"),
+    (["--lora_r", "100"], "lora_r"),
+    (["--lora_target_modules", "nosuch"], "lora_target_modules"),
+    (["--lora_target_modules", "to_q", "nosuch_either"], "lora_target_modules"),
+    # options that do not apply, or conflict
+    (["--use_peft", "false", "--lora_r", "32"], "lora_r"),
+    (["--use_peft", "false", "--lora_target_modules", "to_q"], "lora_target_modules"),
+    (["--use_peft", "false", "--lora_dropout", "0.1"], "lora_dropout"),
+    (["--reward_component_weights", '{{"vq": 1}}', "--reward_preset", "setting_b"], "reward_preset"),
+    (["--reward_component_weights", '{{"vq": 1}}', "--reward_weights", "1"], "reward_weights"),
+    (["--reward_preset", "setting_a", "--reward_weights", "1"], "reward_weights"),
+    (["--reward_component_weights", '{{"vq": 0, "mq": 0, "ta": 0}}'], "every reward weight 0"),
+    (["--reward_weights", "0"], "every reward weight 0"),
+    (["--reward_component_weights", '{{"vq": NaN}}'], "reward_component_weights"),
+    (["--reward_component_weights", '{{"vq": "high"}}'], "reward_component_weights"),
+    (["--reward_component_weights", "{{}}"], "reward_component_weights"),
+    # late or misdirected on 2dec1df
+    (["--report_to", "nosuchtracker"], "report_to"),
+    (["--backbone", "NoSuchPipeline"], "backbone"),
+    (["--output_dir", ""], "output_dir"),
+    (["--torch_dtype", "float64"], "torch_dtype"),
+    (["--algorithm", "ddpo", "--stat_buffer_size", "0"], "stat_buffer_size"),
+    (["--algorithm", "ddpo", "--stat_min_count", "-1"], "stat_min_count"),
+    (["--stat_buffer_size", "8"], "--stat_buffer_size"),
+    (["--algorithm_args", '{{"stat_buffer_size": 8}}'], "algorithm_args"),
+    (["--algorithm", "ddpo", "--algorithm_args", '{{"nosuch": 1}}'], "nosuch"),
+    (["--algorithm", "ddpo", "--algorithm_args", "[1]"], "algorithm_args"),
+    (["--bf16", "true", "--use_cpu", "false"], "bf16"),
+    (["--preset", "/etc/passwd"], "preset"),
+    (["--num_frames", "8", "--resume_from_checkpoint", "{file}"], "{file}"),
 ]
 
 
@@ -180,18 +252,22 @@ def test_sage_train_refuses_before_loading_a_model(
     assert words.format(**{k: str(v) for k, v in files.items()}) in message, message
 
 
+@pytest.mark.parametrize("owned", [True, False])
 def test_sage_train_into_an_existing_run_changes_nothing(
-    files: dict[str, Path], no_model_loads: None
+    files: dict[str, Path], no_model_loads: None, owned: bool
 ) -> None:
     folder = RunFolder(files["out"])
     folder.path.mkdir()
+    if owned:
+        create_manifest(folder.path, ["metrics.jsonl", "training_complete.json"])
     (folder.path / "metrics.jsonl").write_text('{"step": 1}\n')
     folder.mark_complete(1, 1)
     before = {p.name: p.read_bytes() for p in folder.path.iterdir()}
-    with pytest.raises(SystemExit, match="already holds a run"):
+    expected = "already holds a run" if owned else "not created by sage-train"
+    with pytest.raises(SystemExit, match=expected):
         train_main(["--output_dir", str(folder.path), "--reward", "nope:x"])  # a bad reward on top
-    with pytest.raises(SystemExit, match="already holds a run"):
-        train_main(["--output_dir", str(folder.path)])
+    with pytest.raises(SystemExit, match=expected):
+        train_main(["--output_dir", str(folder.path), "--overwrite_output_dir", str(not owned).lower()])
     assert {p.name: p.read_bytes() for p in folder.path.iterdir()} == before
 
 
@@ -208,13 +284,110 @@ CONFIG_CASES: list[tuple[dict[str, Any], str]] = [
     ({"eta": float("nan")}, "eta"),
     ({"learning_rate": float("nan")}, "learning_rate"),
     ({"micro_batch_size": True}, "micro_batch_size"),
+    ({"max_steps": 3.7}, "max_steps"),
+    ({"max_steps": True}, "max_steps"),
+    ({"learning_rate": True}, "learning_rate"),
+    ({"learning_rate": "3e-4"}, "learning_rate"),
+    ({"eta": 0.0}, "eta"),
+    ({"epsilon": 0.0}, "epsilon"),
+    ({"epsilon": "inf"}, "epsilon"),
+    ({"negative_prompt": "a\x00b"}, "negative_prompt"),
+    ({"negative_prompt": "x" * 5000}, "negative_prompt"),
+    ({"sde": "ode"}, "sde"),
+    ({"report_to": "nosuchtracker"}, "report_to"),
+    ({"report_to": ["tensorboard", 3]}, "report_to"),
+    ({"backbone": "NoSuchPipeline"}, "backbone"),
+    ({"algorithm": "ddpo", "algorithm_args": {"stat_buffer_size": 0}}, "stat_buffer_size"),
+    ({"algorithm": "ddpo", "algorithm_args": {"nosuch": 1}}, "nosuch"),
+    ({"algorithm": "sage_grpo", "algorithm_args": {"stat_buffer_size": 8}}, "declares no fields"),
+    ({"algorithm_args": {"eta": 0.3}}, "eta"),
+    ({"reward_component_weights": {"vq": True}}, "reward_component_weights"),
+    ({"reward_component_weights": {"vq": float("inf")}}, "reward_component_weights"),
+    ({"reward_weights": [0.0, 0.0]}, "every reward weight 0"),
+    ({"torch_dtype": "float64"}, "torch_dtype"),
+    ({"seed": 2**40}, "seed"),
+    ({"num_train_epochs": -3.0, "max_steps": -1}, "num_train_epochs"),
+    ({"steps_per_generation": 0}, "steps_per_generation"),
+    ({"output_dir": ""}, "output_dir"),
+    ({"logging_first_step": "yes"}, "logging_first_step"),
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "words"), CONFIG_CASES, ids=[str(c[0]) for c in CONFIG_CASES])
+@pytest.mark.parametrize(("kwargs", "words"), CONFIG_CASES, ids=[str(c[0])[:60] for c in CONFIG_CASES])
 def test_the_python_config_names_the_field(kwargs: dict[str, Any], words: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=words):
-        SageGRPOConfig(output_dir=str(tmp_path), use_cpu=True, **kwargs)
+        SageGRPOConfig(**{"output_dir": str(tmp_path), "use_cpu": True, **kwargs})
+
+
+def test_bf16_without_a_gpu_names_the_ways_on(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match=r"bf16 is on.*--preflight.*--use_cpu true"):
+        SageGRPOConfig(output_dir=str(tmp_path), bf16=True)
+
+
+VALID_EDGES: list[dict[str, Any]] = [
+    {"epsilon": math.inf},  # no clipping
+    {"eta": 10.0},
+    {"learning_rate": 1.0},
+    {"weight_decay": 1.0},
+    {"adam_beta1": 0.0},
+    {"kl_warmup_steps": 0},
+    {"beta": 0.0, "kl_coef_min": 0.0},
+    {"timestep_fraction": 1.0},
+    {"algorithm": "ddpo", "algorithm_args": {"stat_buffer_size": 1, "stat_min_count": 1}},
+    {"reward_component_weights": {"vq": 0.0, "ta": 1.0}},
+    {"negative_prompt": ""},
+    {"learning_rate": 1},  # an integer where a real number is asked for
+]
+
+
+@pytest.mark.parametrize("kwargs", VALID_EDGES, ids=[str(c)[:60] for c in VALID_EDGES])
+def test_valid_edge_values_are_accepted(kwargs: dict[str, Any], tmp_path: Path) -> None:
+    config = SageGRPOConfig(output_dir=str(tmp_path), use_cpu=True, **kwargs)
+    config.algorithm_config()
+
+
+SCRIPT_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"reward": "toy"}, "reward"),
+    ({"reward": []}, "reward"),
+    ({"eval_seeds": [0, -1]}, "eval_seeds"),
+    ({"use_peft": "yes"}, "use_peft"),
+    ({"lora_r": True}, "lora_r"),
+    ({"lora_dropout": 1.0}, "lora_dropout"),
+    ({"num_eval_prompts": -1}, "num_eval_prompts"),
+    ({"lora_target_modules": "to_q"}, "lora_target_modules"),
+    ({"use_peft": False, "lora_alpha": 64}, "lora_alpha"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "words"), SCRIPT_CASES, ids=[str(c[0]) for c in SCRIPT_CASES])
+def test_the_script_arguments_name_the_field(kwargs: dict[str, Any], words: str) -> None:
+    from sage_trl.cli import TrainScriptArguments
+
+    with pytest.raises(ValueError, match=words):
+        TrainScriptArguments(**kwargs)
+
+
+AGENT_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"eta": -1.0}, "eta"),
+    ({"sde": "ode"}, "sde"),
+    ({"num_iterations": 0}, "num_iterations"),
+    ({"num_minibatches": 0}, "num_minibatches"),
+    ({"seed": -1}, "seed"),
+    ({"nosuch": 1}, "nosuch"),
+    ({"epsilon": "0.1"}, "epsilon"),
+    ({"kl_coef_min": 1.0, "beta": 0.1}, "kl_coef_min"),
+    ({"learning_rate": float("nan")}, "learning_rate"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "words"), AGENT_CASES, ids=[str(c[0]) for c in AGENT_CASES])
+def test_agents_name_the_field(kwargs: dict[str, Any], words: str) -> None:
+    import agents
+
+    with pytest.raises(ValueError, match=words):
+        agents.make("sage_grpo", policy=LinearBackbone(), **kwargs)
 
 
 # -- the environment ----------------------------------------------------------------------------------------------
@@ -260,6 +433,15 @@ ENV_CASES: list[tuple[dict[str, Any], str]] = [
     ({"fps": 0.0}, "fps"),
     ({"fps": -8.0}, "fps"),
     ({"backbone": "{missing}"}, "{missing}"),
+    ({"torch_dtype": "int8"}, "torch_dtype"),
+    ({"num_envs": True}, "num_envs"),
+    ({"group_size": 0}, "group_size"),
+    ({"eta": 11.0}, "eta"),
+    ({"sde_window": (0,)}, "sde_window"),
+    ({"sigmas": torch.tensor([1.0, float("nan"), 0.0])}, "sigma"),
+    ({"fps": float("inf")}, "fps"),
+    ({"prompts": ["a", "b\x00c"]}, "NUL"),
+    ({"prompts": ["a", 3]}, "prompt"),
 ]
 
 
@@ -281,6 +463,10 @@ STEP_CASES: list[tuple[Callable[[DenoisingVectorEnv], Any], str]] = [
     (lambda env: env.reset(options={"seeds": [1, 2]}), "seeds"),
     (lambda env: env.reset(options={"seeds": [-1, 2, 3, 4]}), "seed"),
     (lambda env: env.reset(options={"prompts": ["a"]}), "prompts"),
+    (lambda env: env.reset(options={"prompts": "ab"}), "prompts"),
+    (lambda env: env.reset(options={"seeds": [0, 1, 2, 2**40]}), "seeds"),
+    (lambda env: (env.reset(seed=0), env.step(torch.zeros(4, 3, 2, 4, 4, dtype=torch.long))), "float"),
+    (lambda env: (env.reset(seed=0), env.step(torch.full((4, 3, 2, 4, 4), 1e5))), "bound"),
 ]
 
 
@@ -350,6 +536,15 @@ REWARD_CASES: list[tuple[Callable[[], Any], str]] = [
     (lambda: check_videos(VIDEOS, num_prompts=3), "prompts"),
     (lambda: RewardFailureMonitor(1).observe(0, 2, ["reward 'x' raised OSError: gone"]), "reward 'x'"),
     (lambda: RewardFailureMonitor(0), "max_consecutive_reward_failures"),
+    (lambda: CompositeReward(_scores(["high", "low"]))(VIDEOS, ["a", "b"]), "component"),
+    (lambda: CompositeReward(_scores(torch.ones(2, 2)))(VIDEOS, ["a", "b"]), "one score per video"),
+    (lambda: CompositeReward([mean_brightness], {"mean_brightness": "high"}), "mean_brightness"),
+    (lambda: CompositeReward([mean_brightness], {"nosuch": 1.0})(VIDEOS, ["a", "b"]), "nosuch"),
+    (lambda: check_videos(VIDEOS[0]), "layout"),
+    (lambda: ToyReward(spread_scale=0.0), "spread_scale"),
+    (lambda: ToyReward(object_low=0.8, object_high=0.5), "object_low"),
+    (lambda: ToyReward()(torch.rand(2, 8, 3, 16, 16), ["a cat", "a dog"]), "toy-world prompt"),
+    (lambda: ToyReward()(torch.rand(1, 2, 3, 16, 16), ["a red square moving left"]), "3 frames"),
 ]
 
 
@@ -497,6 +692,22 @@ GENERATE_CASES: list[tuple[list[str], str]] = [
     (["--prompt", "a cat", "--guidance-scale", "high"], "--guidance-scale"),
     (["--seeds", "0"], "--prompt"),
     (["--prompt", "a cat", "--steep", "4"], "--steep"),
+    (["--prompt", ""], "--prompt"),
+    (["--prompt", "a cat", "--prompt", "   "], "--prompt"),
+    (
+        ["--prompt", "a cat", "--device", "cuda"]
+        if not torch.cuda.is_available()
+        else ["--prompt", "a", "--device", "x"],
+        "--device",
+    ),
+    (["--prompt", "a cat", "--device", "warp-drive"], "--device"),
+    (["--prompt", "a cat", "--width", "7"], "width"),
+    (["--prompt", "a cat", "--num-frames", "100000"], "frames"),
+    (["--prompt", "a cat", "--shift", "nan"], "--shift"),
+    (["--prompt", "a cat", "--guidance-scale", "inf"], "--guidance-scale"),
+    (["--prompt", "a cat", "--output", "video.txt"], "--output"),
+    (["--prompt", "a cat", "--seeds", "1.5"], "--seeds"),
+    (["--prompt", "a cat", "--dtype", "float64"], "--dtype"),
 ]
 
 

@@ -8,7 +8,7 @@ small flags below appended so that they finish in seconds, except the README's f
 (and must train a better adapter than the prior). ``python no-run`` and ``bash no-run`` blocks need
 what this machine lacks (a GPU, the Hub, half an hour): the line above says what (it contains "need"); their
 Python must compile and its imports resolve, and every ``--flag`` of their commands must be one the command's
-``--help`` lists. ``text``, ``bibtex``, ``yaml`` and ``json`` blocks are not code (YAML and JSON must parse).
+``--help`` lists. ``text``, ``bibtex``, ``yaml``, ``json`` and ``toml`` blocks are not code (YAML, JSON and TOML must parse).
 Inline ``sage-train --flag`` style mentions in prose are checked against ``--help`` the same way.
 """
 
@@ -30,9 +30,10 @@ import pytest
 import yaml
 
 from sage_trl.run_folder import layout
+from tests.fixtures.toml import toml_loads
 
 ROOT = Path(__file__).resolve().parent.parent
-LANGUAGES = {"python", "bash", "text", "bibtex", "yaml", "json"}
+LANGUAGES = {"python", "bash", "text", "bibtex", "yaml", "json", "toml"}
 ENTRY_POINTS = {"sage-train", "sage-generate", "sage-push"}
 # Appended to a runnable entry-point command so that it finishes in seconds (the later flag wins).
 SMALL_RUN_FLAGS = {
@@ -158,8 +159,9 @@ def test_every_block_that_does_not_run_says_what_it_needs() -> None:
 
 
 def test_data_blocks_parse() -> None:
-    for block in (b for b in ALL_BLOCKS if b.language in ("yaml", "json")):
-        (yaml.safe_load if block.language == "yaml" else json.loads)(block.code)
+    parsers = {"yaml": yaml.safe_load, "json": json.loads, "toml": toml_loads}
+    for block in (b for b in ALL_BLOCKS if b.language in parsers):
+        parsers[block.language](block.code)
 
 
 def _python_files() -> list[Path]:
@@ -236,6 +238,8 @@ def test_bash_commands_run(block: Block, command: str, tmp_path: Path) -> None:
     if block == FIRST_SCREEN and argv == ["sage-train"]:
         evaluation = json.loads((tmp_path / TOY_OUTPUT_DIR / layout.EVAL_RESULTS_FILE).read_text())
         assert evaluation["after"]["total"] > evaluation["before"]["total"], evaluation
+        # and by the score the reward cannot fool (docs/rewards.md): closer to the toy world's own videos
+        assert evaluation["after"]["world_distance"] < evaluation["before"]["world_distance"], evaluation
 
 
 def _inline_commands() -> list:

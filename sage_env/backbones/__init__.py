@@ -1,6 +1,7 @@
 """Flow-matching video backbones behind one protocol (`VideoBackbone`), and `load_backbone` to pick one.
 
-Built-in backbones, by the ``_class_name`` of a diffusers ``model_index.json``:
+Backbones are plug-ins (`sage_env.plugins`, entry-point group ``sage_grpo.backbones``), found by the
+``_class_name`` of a diffusers ``model_index.json``; the built-ins, declared in this library's pyproject:
 
 ========================  ===============================================  ==========================
 pipeline class            backbone                                         models
@@ -10,51 +11,85 @@ pipeline class            backbone                                         model
 ``toy``                   `sage_env.backbones.toy.ToyBackbone`              the built-in toy world
 ========================  ===============================================  ==========================
 
-Backbone modules are imported on first use, so importing sage_env stays cheap. Each backbone's sampling
-defaults (size, steps, schedule shift, guidance, fps) are declared under the same key in
-`sage_env.models.SAMPLING_DEFAULTS`; backbones over a diffusers pipeline derive from
-`sage_env.backbones.pipeline.PipelineBackbone` (the pipeline's own schedule).
+Backbone modules are imported on first use, so importing sage_env stays cheap. Each backbone class declares its
+own sampling defaults (`VideoBackbone.sampling_defaults`: size, steps, schedule shift, guidance, fps); backbones
+over a diffusers pipeline derive from `sage_env.backbones.pipeline.PipelineBackbone` (the pipeline's own schedule).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
 
 from sage_env.backbones.base import PromptConditioning, VideoBackbone
-from sage_env.models import check_local_reference, pipeline_class_of
+from sage_env.models import SamplingDefaults, check_local_reference, pipeline_class_of
+from sage_env.plugins import GROUPS, PluginGroup, load_object
 
-__all__ = ["BACKBONES", "PromptConditioning", "VideoBackbone", "load_backbone", "register_backbone"]
+__all__ = [
+    "BACKBONES",
+    "TORCH_DTYPES",
+    "PromptConditioning",
+    "VideoBackbone",
+    "backbone_class",
+    "load_backbone",
+    "register_backbone",
+    "resolve_torch_dtype",
+    "sampling_defaults",
+]
 
-BACKBONES: dict[str, str] = {
-    "WanPipeline": "sage_env.backbones.wan:WanBackbone",
-    "HunyuanVideo15Pipeline": "sage_env.backbones.hunyuan:HunyuanVideo15Backbone",
-    "toy": "sage_env.backbones.toy:ToyBackbone",
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
 }
-"""Pipeline class name (or short name) -> ``"module:Class"`` of the backbone that loads it."""
+"""The parameter dtypes a video model loads in, by the names configs and command lines use."""
 
 
-def register_backbone(name: str, target: str, *, overwrite: bool = False) -> None:
-    """Register a backbone class, given as ``"module:Class"``, for a pipeline class name."""
-    if ":" not in target:
-        raise ValueError(f"target must look like 'package.module:ClassName', got {target!r}.")
-    if name in BACKBONES and not overwrite and BACKBONES[name] != target:
+def resolve_torch_dtype(value: torch.dtype | str | None, name: str = "torch_dtype") -> torch.dtype | None:
+    """``value`` as a torch dtype: a dtype of `TORCH_DTYPES`, one of its names, or None (the model's default)."""
+    if value is None or (isinstance(value, torch.dtype) and value in TORCH_DTYPES.values()):
+        return value
+    if isinstance(value, str) and value in TORCH_DTYPES:
+        return TORCH_DTYPES[value]
+    raise ValueError(
+        f"{name} must be one of {', '.join(TORCH_DTYPES)} (or a torch dtype of them), got {value!r}."
+    )
+
+
+def _as_backbone_class(loaded: Any, name: str) -> type[VideoBackbone]:
+    """What a ``sage_grpo.backbones`` entry point loads: a `VideoBackbone` subclass registered under its own name."""
+    if not (isinstance(loaded, type) and issubclass(loaded, VideoBackbone)):
+        raise TypeError(f"a backbone entry point must load a VideoBackbone subclass, got {loaded!r}")
+    if loaded.pipeline_class not in (None, name) and ":" not in name:
         raise ValueError(
-            f"A backbone is already registered for {name!r} ({BACKBONES[name]}); pass overwrite=True."
+            f"{loaded.__name__}.pipeline_class is {loaded.pipeline_class!r}; declare it under that name"
         )
-    BACKBONES[name] = target
+    return loaded
 
 
-def _backbone_class(name: str) -> type[VideoBackbone]:
-    if name not in BACKBONES:
-        raise ValueError(
-            f"No backbone for pipeline class {name!r}; supported: {', '.join(BACKBONES)}. "
-            "Register one with sage_env.backbones.register_backbone."
-        )
-    module_name, class_name = BACKBONES[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+BACKBONES = PluginGroup("backbone", GROUPS["backbones"], _as_backbone_class)
+"""Every backbone by pipeline class name (the ``_class_name`` of a diffusers ``model_index.json``, or ``toy``): the
+built-ins, an installed package's (entry-point group ``sage_grpo.backbones``), or ``"package.module:Class"``."""
+
+
+def backbone_class(name: str) -> type[VideoBackbone]:
+    """The backbone class of a pipeline class name (see `BACKBONES`; its module is imported on first use)."""
+    return BACKBONES.load(name)
+
+
+def sampling_defaults(pipeline_class: str) -> SamplingDefaults:
+    """The `SamplingDefaults` of a pipeline class (``"WanPipeline"``, ``"HunyuanVideo15Pipeline"``, ``"toy"``, or an
+    installed backbone plug-in's name): its backbone class's declaration. Imports that backbone's module."""
+    return backbone_class(pipeline_class).sampling_defaults
+
+
+def register_backbone(name: str, target: type[VideoBackbone] | str, *, overwrite: bool = False) -> None:
+    """Register a backbone class (or ``"module:Class"``) under a pipeline class name in this process; a package
+    declares it as an entry point instead."""
+    cls = load_object(target, "backbone") if isinstance(target, str) else target
+    BACKBONES.register(name, _as_backbone_class(cls, name if cls.pipeline_class is None else cls.pipeline_class),
+                       overwrite=overwrite)  # fmt: skip
 
 
 def load_backbone(
@@ -77,7 +112,8 @@ def load_backbone(
     """
     if isinstance(model, VideoBackbone):
         return model
+    torch_dtype = resolve_torch_dtype(torch_dtype)
     if model != "toy":
         check_local_reference(model, "model")
     name = backbone or pipeline_class_of(model, download=True)
-    return _backbone_class(name).from_pretrained(model, torch_dtype=torch_dtype, device=device, **kwargs)
+    return backbone_class(name).from_pretrained(model, torch_dtype=torch_dtype, device=device, **kwargs)

@@ -12,8 +12,7 @@ environment and a learner need:
 * `VideoBackbone.default_lora_target_modules`: module names LoRA targets by default;
 * `VideoBackbone.sigmas`: the noise levels a rollout of N steps visits (the model's own schedule).
 
-Defaults (video size, steps, shift, guidance, fps) come from `sage_env.models.SAMPLING_DEFAULTS` under the
-backbone's `VideoBackbone.pipeline_class`.
+Defaults (video size, steps, shift, guidance, fps) are the class's `VideoBackbone.sampling_defaults`.
 
 Velocities follow the diffusers flow-matching convention ``v = noise - x0`` (the Euler step is
 ``x + (sigma' - sigma) * v``), which is what `sage_env.sde` expects.
@@ -24,7 +23,7 @@ from __future__ import annotations
 import os
 import pickle
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -32,12 +31,7 @@ import torch
 from safetensors import SafetensorError
 
 from sage_env import sde
-from sage_env.models import (
-    GENERIC_SAMPLING_DEFAULTS,
-    SAMPLING_DEFAULTS,
-    SamplingDefaults,
-    check_local_reference,
-)
+from sage_env.models import GENERIC_SAMPLING_DEFAULTS, SamplingDefaults, check_local_reference
 
 __all__ = ["PromptConditioning", "VideoBackbone"]
 
@@ -101,10 +95,21 @@ class VideoBackbone(ABC):
     transformer: torch.nn.Module
     default_lora_target_modules: tuple[str, ...] = ()
     pipeline_class: ClassVar[str | None] = None
-    """Key of this backbone in `sage_env.backbones.BACKBONES` and `sage_env.models.SAMPLING_DEFAULTS`."""
+    """This backbone's name in `sage_env.backbones.BACKBONES` (a pipeline's ``_class_name``, or a plug-in's name)."""
+    sampling_defaults: ClassVar[SamplingDefaults] = GENERIC_SAMPLING_DEFAULTS
+    """How the model samples by default: video size, steps, schedule shift, guidance, fps (declared once, here)."""
 
     def __init__(self) -> None:
         self._prompt_cache: dict[tuple[str, str | None], PromptConditioning] = {}
+
+    @classmethod
+    def check_video_size(
+        cls, configs: Mapping[str, Any], num_frames: int, height: int, width: int
+    ) -> tuple[int, int] | None:
+        """Raise ``ValueError`` unless the model described by its component ``configs`` (``{"transformer": ...,
+        "vae": ...}``, read from the model's files without its weights) can make a video of this size; returns the
+        VAE's ``(temporal, spatial)`` compression. The default knows nothing and checks nothing (None)."""
+        return None
 
     @classmethod
     @abstractmethod
@@ -119,11 +124,6 @@ class VideoBackbone(ABC):
         """Load from a local diffusers folder or a Hub id (``torch_dtype``/``device`` as in diffusers)."""
 
     # -- defaults and schedule ---------------------------------------------------------------------
-
-    @property
-    def sampling_defaults(self) -> SamplingDefaults:
-        """This model's `sage_env.models.SamplingDefaults` (the generic ones for a backbone not declared there)."""
-        return SAMPLING_DEFAULTS.get(self.pipeline_class or "", GENERIC_SAMPLING_DEFAULTS)
 
     @property
     def default_fps(self) -> float:

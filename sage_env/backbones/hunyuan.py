@@ -34,7 +34,7 @@ as metadata; `load_lora_weights` (inherited) reloads it with
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ from sage_env.backbones import _diffusers
 from sage_env.backbones._hunyuan_attention import use_key_padding_attention
 from sage_env.backbones.base import PromptConditioning
 from sage_env.backbones.pipeline import PipelineBackbone
+from sage_env.models import SamplingDefaults
 
 __all__ = ["HunyuanVideo15Backbone"]
 
@@ -95,6 +96,10 @@ class HunyuanVideo15Backbone(PipelineBackbone):
         "to_add_out",
     )
     pipeline_class = "HunyuanVideo15Pipeline"
+    sampling_defaults = SamplingDefaults(
+        num_frames=81, height=480, width=848, num_steps=20, shift=None, guidance_scale=None, fps=24.0
+    )
+    """HunyuanVideo 1.5 480p T2V, the paper's base model (Sec. 4.1; ``None``: the pipeline's schedule and guider)."""
 
     def __init__(self, pipeline: HunyuanVideo15Pipeline, *, key_padding_attention: bool = True) -> None:
         super().__init__()
@@ -164,12 +169,22 @@ class HunyuanVideo15Backbone(PipelineBackbone):
             return 0.0 if guider.use_original_formulation else 1.0
         return float(guider.guidance_scale)
 
+    @classmethod
+    def check_video_size(
+        cls, configs: Mapping[str, Any], num_frames: int, height: int, width: int
+    ) -> tuple[int, int]:
+        """Raise unless the VAE (``temporal_``/``spatial_compression_ratio``) and the patch size can make this video;
+        returns the VAE's ``(temporal, spatial)`` factors (the pipeline's own defaults, 4 and 16, without a VAE)."""
+        vae, transformer = configs.get("vae") or {}, configs["transformer"]
+        temporal, spatial = vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 16)
+        multiple = spatial * transformer.get("patch_size", 1)
+        _diffusers.check_video_size(num_frames, height, width, temporal, multiple, "HunyuanVideo 1.5")
+        return temporal, spatial
+
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
         """``(C, (F - 1) / t + 1, H / s, W / s)``; frames ``t*k + 1``, height/width multiples of ``s * patch``."""
-        temporal = self.pipeline.vae_scale_factor_temporal
-        spatial = self.pipeline.vae_scale_factor_spatial
-        multiple = spatial * self.transformer.config.patch_size
-        _diffusers.check_video_size(num_frames, height, width, temporal, multiple, "HunyuanVideo 1.5")
+        configs = {"vae": self.pipeline.vae.config, "transformer": self.transformer.config}
+        temporal, spatial = self.check_video_size(configs, num_frames, height, width)
         return (
             self.num_latent_channels,
             (num_frames - 1) // temporal + 1,

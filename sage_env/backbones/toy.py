@@ -18,7 +18,7 @@ Architecture:
   ``uncond + g * (cond - uncond)`` against the empty negative prompt when ``guidance_scale > 1`` (the prior
   needs none: `ToyBackbone.default_guidance_scale` is 1).
 * schedule: `VideoBackbone.sigmas` is `sage_env.sde.flow_match_sigmas` at the declared shift 3; the size, steps,
-  shift, guidance and fps are ``sage_env.models.sampling_defaults("toy")``.
+  shift, guidance and fps are ``sage_env.models.TOY_SAMPLING_DEFAULTS``.
 
 The folder layout imitates a diffusers pipeline: ``model_index.json`` (``"_class_name": "toy"``, plus the video
 size and text length the model was trained with), ``transformer/`` (``save_pretrained``), ``text_encoder/``
@@ -32,7 +32,7 @@ coordinate ramps are normalised, so other sizes stretch the world it knows).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from transformers import ByT5Tokenizer, UMT5Config, UMT5EncoderModel
 
 from sage_env.backbones import _diffusers
 from sage_env.backbones.base import PromptConditioning, VideoBackbone
+from sage_env.models import TOY_SAMPLING_DEFAULTS
 
 __all__ = ["TOY_PRIOR_PATH", "ToyBackbone"]
 
@@ -112,7 +113,7 @@ class ToyBackbone(VideoBackbone):
     Example:
         ```python
         from sage_env.backbones import load_backbone
-        from sage_env.toy.sampling import sample_videos
+        from sage_env.env import sample_videos
 
         backbone = load_backbone("toy")
         videos = sample_videos(backbone, ["a red square moving left"], seeds=[0])  # (1, 8, 3, 16, 16)
@@ -121,6 +122,7 @@ class ToyBackbone(VideoBackbone):
 
     default_lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")
     pipeline_class = "toy"
+    sampling_defaults = TOY_SAMPLING_DEFAULTS
 
     def __init__(
         self,
@@ -251,12 +253,16 @@ class ToyBackbone(VideoBackbone):
 
     # -- sizes -----------------------------------------------------------------------------------
 
-    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-        """``(3, F, H, W)``: the pixels themselves. ``H`` and ``W`` must be even (patch 2 x 2)."""
+    @classmethod
+    def check_video_size(
+        cls, configs: Mapping[str, Any], num_frames: int, height: int, width: int
+    ) -> tuple[int, int]:
+        """Raise unless the toy transformer (its patch size, its rotary table of `_ROPE_MAX_SEQ_LEN` positions) can
+        denoise this video; returns ``(1, 1)``: the latents are the pixels."""
         for name, value in (("num_frames", num_frames), ("height", height), ("width", width)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        _, patch_height, patch_width = self.transformer.config.patch_size
+        _, patch_height, patch_width = configs["transformer"]["patch_size"]
         for name, value, patch in (("height", height, patch_height), ("width", width, patch_width)):
             if value % patch != 0:
                 raise ValueError(
@@ -268,6 +274,11 @@ class ToyBackbone(VideoBackbone):
                 )
         if num_frames > _ROPE_MAX_SEQ_LEN:
             raise ValueError(f"The toy model supports up to {_ROPE_MAX_SEQ_LEN} frames; got {num_frames}.")
+        return 1, 1
+
+    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        """``(3, F, H, W)``: the pixels themselves. ``H`` and ``W`` must be even (patch 2 x 2)."""
+        self.check_video_size({"transformer": self.transformer.config}, num_frames, height, width)
         return (PIXEL_CHANNELS, num_frames, height, width)
 
     # -- prompts ---------------------------------------------------------------------------------

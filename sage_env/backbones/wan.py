@@ -40,7 +40,7 @@ metadata); `WanBackbone.load_lora_weights` loads it (or a community Wan LoRA) wi
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -49,6 +49,7 @@ from diffusers import WanPipeline
 from sage_env.backbones import _diffusers
 from sage_env.backbones.base import PromptConditioning
 from sage_env.backbones.pipeline import PipelineBackbone
+from sage_env.models import SamplingDefaults
 
 __all__ = ["WanBackbone"]
 
@@ -77,6 +78,10 @@ class WanBackbone(PipelineBackbone):
 
     default_lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")
     pipeline_class = "WanPipeline"
+    sampling_defaults = SamplingDefaults(
+        num_frames=81, height=480, width=832, num_steps=20, shift=None, guidance_scale=None, fps=16.0
+    )
+    """Wan 2.1 / 2.2 T2V at 480p (``sage_env.models`` explains ``None``: the checkpoint's own schedule and CFG)."""
 
     def __init__(
         self,
@@ -163,17 +168,26 @@ class WanBackbone(PipelineBackbone):
         """Latent channels the transformer denoises (``transformer.config.in_channels``, as the pipeline uses)."""
         return self.transformer.config.in_channels
 
+    @classmethod
+    def check_video_size(
+        cls, configs: Mapping[str, Any], num_frames: int, height: int, width: int
+    ) -> tuple[int, int]:
+        """Raise unless the VAE (``scale_factor_temporal``/``_spatial``) and the patch size can make this video;
+        returns the VAE's ``(temporal, spatial)`` factors (the pipeline's own defaults, 4 and 8, without a VAE)."""
+        vae, transformer = configs.get("vae") or {}, configs["transformer"]
+        temporal, spatial = vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
+        multiple = spatial * max(transformer.get("patch_size", (1, 2, 2))[1:])
+        _diffusers.check_video_size(num_frames, height, width, temporal, multiple, "Wan")
+        return temporal, spatial
+
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
         """``(C, (F - 1) / t + 1, H / s, W / s)`` with the VAE's temporal ``t`` and spatial ``s`` factors.
 
         Frames must be ``t*k + 1`` and height/width multiples of ``s * patch`` (16 for Wan 2.1); the pipeline
         would silently round other sizes, here they are an error.
         """
-        temporal = self.pipeline.vae_scale_factor_temporal
-        spatial = self.pipeline.vae_scale_factor_spatial
-        patch_height, patch_width = self.transformer.config.patch_size[1:]
-        multiple = spatial * max(patch_height, patch_width)
-        _diffusers.check_video_size(num_frames, height, width, temporal, multiple, "Wan")
+        configs = {"vae": self.pipeline.vae.config, "transformer": self.transformer.config}
+        temporal, spatial = self.check_video_size(configs, num_frames, height, width)
         return (
             self.num_latent_channels,
             (num_frames - 1) // temporal + 1,

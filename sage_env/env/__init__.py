@@ -7,9 +7,12 @@ numpy values by default, as gymnasium's checker and wrappers expect; ``array_mod
 
 Modules: `sage_env.env.vector` (the batched env), `sage_env.env.single` (the single-video env),
 `sage_env.env.spaces` (observation and action spaces, `PromptSpace`), `sage_env.env.trajectory` (the
-recorded `Trajectory`), `sage_env.env.policy` (`BackbonePolicy`, `run_episode`).
+recorded `Trajectory`), `sage_env.env.denoising` (`DenoisingBatch`, the one sampler both envs step, and `sample` /
+`sample_videos`, which sample from a backbone without an agent), `sage_env.env.policy` (`BackbonePolicy`,
+`run_episode`).
 """
 
+from sage_env.env.denoising import DenoisingBatch, sample, sample_videos
 from sage_env.env.policy import BackbonePolicy, run_episode
 from sage_env.env.single import DenoisingEnv
 from sage_env.env.spaces import PromptSpace
@@ -19,11 +22,14 @@ from sage_env.env.vector import ARRAY_MODES, DenoisingVectorEnv, validate_sde_se
 __all__ = [
     "ARRAY_MODES",
     "BackbonePolicy",
+    "DenoisingBatch",
     "DenoisingEnv",
     "DenoisingVectorEnv",
     "PromptSpace",
     "Trajectory",
     "TrajectoryRecorder",
     "run_episode",
+    "sample",
+    "sample_videos",
     "validate_sde_settings",
 ]

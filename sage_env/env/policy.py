@@ -38,7 +38,15 @@ class BackbonePolicy:
 
     @torch.no_grad()
     def __call__(self, observation: dict[str, Any]) -> torch.Tensor:
-        """The velocity for a batched observation (numpy or torch values) of a `DenoisingVectorEnv`."""
+        """The velocity for an observation (numpy or torch values): a batched one of a `DenoisingVectorEnv`, or a
+        single video's of a `DenoisingEnv` (then the velocity of that one video, without a batch dimension)."""
+        if isinstance(observation["prompt"], str):
+            batched = {
+                "latents": torch.as_tensor(observation["latents"])[None],
+                "sigma": torch.as_tensor(observation["sigma"]).reshape(1),
+                "prompt": (observation["prompt"],),
+            }
+            return self(batched)[0]
         latents = torch.as_tensor(observation["latents"], device=self.backbone.device)
         sigma = torch.as_tensor(observation["sigma"], device=self.backbone.device)
         conditioning = self.backbone.encode_prompts(list(observation["prompt"]), self.negative_prompt)

@@ -94,6 +94,26 @@ class DenoisingEnv(gym.Env):
         """The video model whose latents this environment denoises."""
         return self._vector.backbone
 
+    @property
+    def sde(self) -> str:
+        """The SDE type of the stochastic steps (see `DenoisingVectorEnv`)."""
+        return self._vector.sde
+
+    @property
+    def eta(self) -> float:
+        """The exploration scale of the SDE."""
+        return self._vector.eta
+
+    @property
+    def log_prob_kind(self) -> str:
+        """How transitions are scored."""
+        return self._vector.log_prob_kind
+
+    @property
+    def sde_window(self) -> tuple[int, int] | None:
+        """The steps that use the SDE (None: all)."""
+        return self._vector.sde_window
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         """Start a new video; ``options`` may carry ``{"prompt": str, "seed": int}``."""
         super().reset(seed=seed)

@@ -58,6 +58,48 @@ class Trajectory:
         """Number of denoising steps ``T``."""
         return self.log_probs.shape[1]
 
+    @classmethod
+    def concat(cls, parts: Sequence[Trajectory]) -> Trajectory:
+        """Several finished batches (or single-video episodes) as one trajectory.
+
+        The parts must come from the same settings (steps, SDE types, ``eta``, log-probability kind, latent shape).
+        Groups are formed by prompt: every sample of a prompt, from whichever part, joins that prompt's group, so
+        episodes of a single-video environment run several times per prompt make GRPO groups.
+        """
+        parts = list(parts)
+        if not parts:
+            raise ValueError("Cannot concatenate an empty list of trajectories.")
+        first = parts[0]
+        for part in parts[1:]:
+            same = (part.sde_types, part.eta, part.log_prob_kind, part.latents.shape[1:]) == (
+                first.sde_types,
+                first.eta,
+                first.log_prob_kind,
+                first.latents.shape[1:],
+            )
+            if not same:
+                raise ValueError(
+                    "Trajectories sampled with different settings (steps, SDE types, eta, log_prob_kind or video size) "
+                    "cannot be concatenated; sample them from one environment."
+                )
+        if any(part.rewards is None for part in parts):
+            raise ValueError("Every trajectory must be finished (rewarded) before they are concatenated.")
+        prompts = tuple(prompt for part in parts for prompt in part.prompts)
+        groups = {prompt: index for index, prompt in enumerate(dict.fromkeys(prompts))}
+        tensors = {
+            name: torch.cat([getattr(part, name) for part in parts])
+            for name in ("seeds", "sigmas", "latents", "log_probs", "stds", "trainable")
+        }
+        videos = None if any(p.videos is None for p in parts) else torch.cat([p.videos for p in parts])
+        return replace(
+            first,
+            prompts=prompts,
+            group_index=torch.tensor([groups[prompt] for prompt in prompts], device=first.group_index.device),
+            rewards=RewardOutput.concat([part.rewards for part in parts]),
+            videos=videos,
+            **tensors,
+        )
+
     def select(self, index: torch.Tensor | Sequence[int]) -> Trajectory:
         """The samples ``index`` (in that order) as a new trajectory."""
         index = torch.as_tensor(index, dtype=torch.long)

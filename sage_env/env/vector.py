@@ -13,9 +13,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from sage_env import sde
-from sage_env.backbones import VideoBackbone, load_backbone
+from sage_env.backbones import VideoBackbone, load_backbone, resolve_torch_dtype
+from sage_env.env.denoising import DenoisingBatch, step_sde_types
 from sage_env.env.spaces import VELOCITY_BOUND, denoising_spaces, prompt_list
-from sage_env.env.trajectory import Trajectory, TrajectoryRecorder
+from sage_env.env.trajectory import Trajectory
 from sage_env.rewards import CompositeReward, as_composite_reward
 
 __all__ = ["ARRAY_MODES", "DenoisingVectorEnv", "validate_sde_settings"]
@@ -105,8 +106,8 @@ class DenoisingVectorEnv(VectorEnv):
     - ``sde``: ``"sage" | "flow_grpo" | "dance_grpo" | "cps" | "ode"``; ``eta``: exploration scale.
     - ``sde_window``: ``(start, end)``: only steps ``start <= t < end`` use the SDE, the others the ODE.
     - ``log_prob_kind``: ``"gaussian"`` or ``"cps"`` (published CPS' ``-mse``).
-    - ``num_frames``, ``height``, ``width``: the video size; ``fps`` passed to the reward (the backbone's
-      default when None).
+    - ``num_frames``, ``height``, ``width``: the video size; ``fps`` passed to the reward (each the backbone's
+      ``sampling_defaults`` when None).
     - ``device``: where latents live (the backbone's device when None); ``array_mode``: ``"numpy"``
       (default) or ``"torch"``; ``render_mode``: None or ``"rgb_array"``.
     """
@@ -124,12 +125,12 @@ class DenoisingVectorEnv(VectorEnv):
         prompts: Sequence[str] | Any = None,
         *,
         pipeline_class: str | None = None,
-        torch_dtype: torch.dtype | None = None,
+        torch_dtype: torch.dtype | str | None = None,
         num_envs: int = 1,
         group_size: int = 1,
-        num_frames: int,
-        height: int,
-        width: int,
+        num_frames: int | None = None,
+        height: int | None = None,
+        width: int | None = None,
         num_steps: int | None = None,
         shift: float | None = None,
         sigmas: torch.Tensor | None = None,
@@ -144,6 +145,7 @@ class DenoisingVectorEnv(VectorEnv):
     ) -> None:
         # Every cheap check first: a bad argument must not cost a model load.
         self._validate_sizes(num_envs, group_size, array_mode, render_mode)
+        torch_dtype = resolve_torch_dtype(torch_dtype)
         validate_sde_settings(sde, eta, log_prob_kind)
         _validate_sampling(num_steps, shift, sde_window, fps)
         if reward_fn is None:
@@ -159,9 +161,10 @@ class DenoisingVectorEnv(VectorEnv):
         self.num_groups = num_envs // group_size
         self.sigmas = self._schedule(sigmas, num_steps, shift)
         self.num_steps = len(self.sigmas) - 1
-        self.step_sde_types = self._step_sde_types(sde, sde_window)
+        self.step_sde_types = step_sde_types(sde, self.num_steps, sde_window)
         self.sde, self.eta, self.sde_window, self.log_prob_kind = sde, float(eta), sde_window, log_prob_kind
         self._check_noise_is_finite()
+        num_frames, height, width = self._video_size(num_frames, height, width)
         self.latent_shape = tuple(self.backbone.latent_shape(num_frames, height, width))
         self.num_frames, self.height, self.width = num_frames, height, width
         self.fps = float(fps if fps is not None else self.backbone.default_fps)
@@ -172,9 +175,7 @@ class DenoisingVectorEnv(VectorEnv):
         )
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self._latents: torch.Tensor | None = None
-        self._step_index = 0
-        self._recorder: TrajectoryRecorder | None = None
+        self._batch: DenoisingBatch | None = None  # the batch being denoised (`sage_env.env.denoising`)
         self._decoded: tuple[torch.Tensor, torch.Tensor] | None = None  # (latents, their decoded videos)
         self.trajectory: Trajectory | None = None
 
@@ -196,6 +197,23 @@ class DenoisingVectorEnv(VectorEnv):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}.")
 
+    def _video_size(
+        self, num_frames: int | None, height: int | None, width: int | None
+    ) -> tuple[int, int, int]:
+        """The video size asked for, each unset one the backbone's declared default."""
+        defaults = self.backbone.sampling_defaults
+        size = {
+            "num_frames": defaults.num_frames if num_frames is None else num_frames,
+            "height": defaults.height if height is None else height,
+            "width": defaults.width if width is None else width,
+        }
+        missing = [name for name, value in size.items() if value is None]
+        if missing:
+            raise ValueError(
+                f"{', '.join(missing)} must be given: the {type(self.backbone).__name__} declares no default video size."
+            )
+        return size["num_frames"], size["height"], size["width"]
+
     def _schedule(
         self, sigmas: torch.Tensor | None, num_steps: int | None, shift: float | None
     ) -> torch.Tensor:
@@ -205,14 +223,6 @@ class DenoisingVectorEnv(VectorEnv):
         sigmas = torch.as_tensor(sigmas, dtype=torch.float32).cpu()
         sde.validate_sigma_schedule(sigmas)
         return sigmas
-
-    def _step_sde_types(self, sde_type: str, sde_window: tuple[int, int] | None) -> tuple[str, ...]:
-        start, end = (0, self.num_steps) if sde_window is None else sde_window
-        if not 0 <= start < end <= self.num_steps:
-            raise ValueError(
-                f"sde_window {sde_window} must satisfy 0 <= start < end <= num_steps ({self.num_steps})."
-            )
-        return tuple(sde_type if start <= step < end else sde.ODE.name for step in range(self.num_steps))
 
     def _check_noise_is_finite(self) -> None:
         """Every step's noise std over this schedule is a float32 number (an absurd eta would overflow it)."""
@@ -246,7 +256,7 @@ class DenoisingVectorEnv(VectorEnv):
         group_prompts = self._group_prompts(options.get("prompts"))
         seeds = self._sample_seeds(options.get("seeds"))
         self._start(group_prompts, seeds)
-        return self._observation(), {"seeds": self._to_array(self._seeds)}
+        return self._observation(), {"seeds": self._to_array(self._batch.seeds)}
 
     def _group_prompts(self, prompts: Sequence[str] | None) -> list[str]:
         if prompts is None:
@@ -285,49 +295,24 @@ class DenoisingVectorEnv(VectorEnv):
         return seeds
 
     def _start(self, group_prompts: list[str], seeds: torch.Tensor) -> None:
-        self._prompts = tuple(p for p in group_prompts for _ in range(self.group_size))
-        self._seeds = seeds
-        self._generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        shape = (self.num_envs, *self.latent_shape)
-        self._latents = sde.sample_noise(shape, self._generators, self.device)
-        self._sigmas = self.sigmas.to(self.device).expand(self.num_envs, -1)
-        self._step_index = 0
-        self._recorder = TrajectoryRecorder(
-            self._prompts,
-            self.group_size,
-            self._seeds,
-            self._sigmas,
-            self._latents,
-            self.step_sde_types,
-            self.eta,
-            self.log_prob_kind,
-        )
+        prompts = tuple(p for p in group_prompts for _ in range(self.group_size))
+        self._batch = DenoisingBatch(
+            self.backbone, prompts, self.group_size, seeds, self.sigmas, self.step_sde_types, self.eta,
+            self.log_prob_kind, self.latent_shape, self.device,
+        )  # fmt: skip
         self.trajectory = None
 
     # -- step ------------------------------------------------------------------------------------
 
     def step(self, actions: torch.Tensor | np.ndarray) -> tuple[dict, Any, Any, Any, dict]:
         """Apply one SDE step with the given velocities; the last step decodes and scores the videos."""
-        if self._latents is None:
+        if self._batch is None:
             raise RuntimeError("Call reset() before step().")
-        if self._step_index >= self.num_steps:
+        if self._batch.done:
             raise RuntimeError("The episode has ended (all steps taken); call reset() to start a new batch.")
-        velocity = self._velocity_from_action(actions)
-        index = self._step_index
-        with torch.no_grad():  # the rollout is data; learners recompute log-probs with gradients
-            # The inner step: inputs were validated where they entered (construction, the action above).
-            out = sde.step(
-                self.step_sde_types[index],
-                self._latents,
-                velocity,
-                self._sigmas[:, index],
-                self._sigmas[:, index + 1],
-                self.eta,
-                generator=self._generators,
-                log_prob_kind=self.log_prob_kind,
-            )
-        self._recorder.record(out)
-        self._latents, self._step_index = out.x_next, index + 1
+        index = self._batch.step_index
+        # The inner step: inputs were validated where they entered (construction, the action here).
+        out = self._batch.advance(self._velocity_from_action(actions))
         info = {
             "log_prob": out.log_prob,
             "std": out.std,
@@ -335,7 +320,7 @@ class DenoisingVectorEnv(VectorEnv):
             "sde_type": self.step_sde_types[index],
         }
         rewards = torch.zeros(self.num_envs, dtype=torch.float32, device=self.device)
-        terminated = self._step_index == self.num_steps
+        terminated = self._batch.done
         if terminated:
             rewards = self._finish(info)
         done = torch.full((self.num_envs,), terminated, dtype=torch.bool, device=self.device)
@@ -374,10 +359,9 @@ class DenoisingVectorEnv(VectorEnv):
         return actions
 
     def _finish(self, info: dict[str, Any]) -> torch.Tensor:
-        videos = self.backbone.decode(self._latents)
-        self._decoded = (self._latents, videos)
-        rewards = self.reward(videos, self._prompts, fps=self.fps)
-        self.trajectory = self._recorder.finish(rewards, videos)
+        self.trajectory = self._batch.finish(self.reward, self.fps)
+        self._decoded = (self._batch.latents, self.trajectory.videos)
+        rewards = self.trajectory.rewards
         info["reward_components"] = {name: s.to(self.device) for name, s in rewards.components.items()}
         info["reward_valid"] = rewards.valid.to(self.device)
         info["reward_errors"] = tuple(rewards.errors)
@@ -386,12 +370,12 @@ class DenoisingVectorEnv(VectorEnv):
     # -- observations ------------------------------------------------------------------------------
 
     def _observation(self) -> dict[str, Any]:
-        index = self._step_index
+        batch = self._batch
         return {
-            "latents": self._to_array(self._latents),
-            "sigma": self._to_array(self._sigmas[:, index]),
-            "step": self._to_array(torch.full((self.num_envs,), index, dtype=torch.long)),
-            "prompt": self._prompts,
+            "latents": self._to_array(batch.latents),
+            "sigma": self._to_array(batch.sigma),
+            "step": self._to_array(torch.full((self.num_envs,), batch.step_index, dtype=torch.long)),
+            "prompt": batch.prompts,
         }
 
     def _to_array(self, value: torch.Tensor) -> torch.Tensor | np.ndarray:
@@ -427,11 +411,12 @@ class DenoisingVectorEnv(VectorEnv):
         return _uint8_images(self._current_videos())
 
     def _current_videos(self) -> torch.Tensor:
-        if self._latents is None:
+        if self._batch is None:
             raise RuntimeError("Call reset() before render() or render_video().")
-        if self._decoded is None or self._decoded[0] is not self._latents:
+        latents = self._batch.latents
+        if self._decoded is None or self._decoded[0] is not latents:
             with torch.no_grad():
-                self._decoded = (self._latents, self.backbone.decode(self._latents))
+                self._decoded = (latents, self.backbone.decode(latents))
         return self._decoded[1]
 
 

@@ -11,11 +11,13 @@ from typing import Any
 
 from sage_env.rewards.base import (
     REWARD_PRESETS,
+    REWARDS,
     CompositeReward,
     RewardFunction,
     RewardOutput,
     as_composite_reward,
     check_videos,
+    load_reward,
     resolve_reward_weights,
 )
 from sage_env.rewards.monitor import RewardFailureError, RewardFailureMonitor
@@ -27,6 +29,7 @@ _LAZY_EXPORTS = {
 }
 
 __all__ = [
+    "REWARDS",
     "REWARD_PRESETS",
     "ClipAlignmentReward",
     "CompositeReward",
@@ -38,6 +41,7 @@ __all__ = [
     "VideoAlignReward",
     "as_composite_reward",
     "check_videos",
+    "load_reward",
     "resolve_reward_weights",
 ]
 

@@ -26,13 +26,17 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from sage_env.plugins import GROUPS, PluginGroup
+
 __all__ = [
+    "REWARDS",
     "REWARD_PRESETS",
     "CompositeReward",
     "RewardFunction",
     "RewardOutput",
     "as_composite_reward",
     "check_videos",
+    "load_reward",
     "resolve_reward_weights",
     "reward_name",
 ]
@@ -79,6 +83,24 @@ class RewardOutput:
         """Number of invalid samples."""
         return int((~self.valid).sum())
 
+    @classmethod
+    def concat(cls, parts: Sequence[RewardOutput]) -> RewardOutput:
+        """The scores of several batches as one (the same components in each); failed calls add up."""
+        if not parts:
+            raise ValueError("Cannot concatenate an empty list of reward outputs.")
+        names = parts[0].components.keys()
+        if any(part.components.keys() != names for part in parts):
+            raise ValueError("Reward outputs with different components cannot be concatenated.")
+        weights = {name: w for part in parts for name, w in part.weights.items()}
+        return cls(
+            total=torch.cat([part.total for part in parts]),
+            components={name: torch.cat([part.components[name] for part in parts]) for name in names},
+            valid=torch.cat([part.valid for part in parts]),
+            errors=[error for part in parts for error in part.errors],
+            weights=weights,
+            failed_calls=sum(part.failed_calls for part in parts),
+        )
+
 
 def check_videos(videos: torch.Tensor, num_prompts: int | None = None) -> None:
     """Raise ``ValueError`` unless ``videos`` is a float ``(B, F, 3, H, W)`` tensor in [0, 1].
@@ -122,27 +144,40 @@ def reward_name(reward_fn: Callable) -> str:
     return getattr(reward_fn, "__name__", None) or type(reward_fn).__name__
 
 
-def _as_scores(raw: Any, reward_fn: Callable, batch_size: int) -> dict[str, torch.Tensor]:
-    """Normalise one function's output to ``{name: (B,) float32 tensor}``; raise ``ValueError`` on bad shapes."""
+def _as_scores(
+    raw: Any, reward_fn: Callable, batch_size: int
+) -> tuple[dict[str, torch.Tensor], list[str | None]]:
+    """Normalise one function's output to ``({name: (B,) float32 tensor}, per-sample failure)``; raise
+    ``ValueError`` on bad shapes. A finite score beyond float32's range becomes NaN, its sample failing with that
+    reason (it would otherwise turn into inf without a word)."""
     named = raw if isinstance(raw, Mapping) else {reward_name(reward_fn): raw}
     if not named:
         raise ValueError(f"Reward {reward_name(reward_fn)!r} returned no components; return at least one.")
-    scores = {}
+    scores: dict[str, torch.Tensor] = {}
+    failures: list[str | None] = [None] * batch_size
     for name, value in named.items():
         try:
-            tensor = torch.as_tensor(value, dtype=torch.float32).detach().cpu().reshape(-1)
+            exact = value if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)
+            exact = exact.detach().cpu().reshape(-1).to(torch.float64)
         except (TypeError, ValueError, RuntimeError) as error:
             raise ValueError(
                 f"Reward {reward_name(reward_fn)!r} returned {type(value).__name__} for component {name!r}; "
                 "return a (B,) tensor, array or list of floats."
             ) from error
+        tensor = exact.to(torch.float32)
         if tensor.shape != (batch_size,):
             raise ValueError(
                 f"Reward {reward_name(reward_fn)!r} returned {tuple(tensor.shape)} values for component "
                 f"{name!r}; expected one score per video ({batch_size})."
             )
-        scores[str(name)] = tensor
-    return scores
+        overflow = torch.isfinite(exact) & ~torch.isfinite(tensor)
+        for row in overflow.nonzero().flatten().tolist():
+            failures[row] = failures[row] or (
+                f"reward {reward_name(reward_fn)!r} returned {exact[row].item():g} for component {name!r}, beyond "
+                f"float32's range (+-{torch.finfo(torch.float32).max:.3g}) in which rewards are trained; scale it"
+            )
+        scores[str(name)] = torch.where(overflow, torch.full_like(tensor, math.nan), tensor)
+    return scores, failures
 
 
 def _as_weight(name: str, value: Any) -> float:
@@ -199,7 +234,8 @@ class CompositeReward:
     """Weighted sum of named reward components from one or more reward functions (paper Eq. 33).
 
     Args:
-        reward_funcs: a reward function or a list of them (see the module docstring for the protocol).
+        reward_funcs: a reward function or a list of them (see the module docstring for the protocol); a name of
+            `REWARDS` (``"toy"``, an installed package's reward, ``"package.module:function"``) stands for its reward.
         reward_weights: how components enter the total reward:
 
             * ``None`` (default): the paper's Setting B for components named ``vq``/``mq``/``ta``
@@ -216,10 +252,13 @@ class CompositeReward:
 
     def __init__(
         self,
-        reward_funcs: Callable | Sequence[Callable],
+        reward_funcs: Callable | str | Sequence[Callable | str],
         reward_weights: Mapping[str, float] | Sequence[float] | str | None = None,
     ) -> None:
-        funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+        funcs = (
+            [reward_funcs] if callable(reward_funcs) or isinstance(reward_funcs, str) else list(reward_funcs)
+        )
+        funcs = [load_reward(f) if isinstance(f, str) else f for f in funcs]  # a name: `REWARDS`
         if not funcs or not all(callable(f) for f in funcs):
             raise ValueError("reward_funcs must be a callable or a non-empty list of callables.")
         names = [reward_name(f) for f in funcs]
@@ -271,7 +310,7 @@ class CompositeReward:
             if batch_size == 1:
                 return _FunctionScores({}, [_failure(reward_fn, error)], batch_failed=True)
             return self._call_per_sample(reward_fn, videos, prompts, fps)
-        return _FunctionScores(_as_scores(raw, reward_fn, batch_size), [None] * batch_size)
+        return _FunctionScores(*_as_scores(raw, reward_fn, batch_size))
 
     @staticmethod
     def _call_per_sample(
@@ -286,8 +325,9 @@ class CompositeReward:
                 rows.append(None)
                 failures.append(_failure(reward_fn, error))
                 continue
-            rows.append(_as_scores(raw, reward_fn, 1))
-            failures.append(None)
+            scores, failure = _as_scores(raw, reward_fn, 1)
+            rows.append(scores)
+            failures.append(failure[0])
         succeeded = [row for row in rows if row is not None]
         if not succeeded:  # every sample failed on its own too: no scores, every sample invalid
             return _FunctionScores({}, failures, batch_failed=True)
@@ -361,3 +401,23 @@ def _invalid_reason(
 def as_composite_reward(reward: Callable | Sequence[Callable] | CompositeReward) -> CompositeReward:
     """Wrap a reward function (or list of them) in a `CompositeReward` with default weights."""
     return reward if isinstance(reward, CompositeReward) else CompositeReward(reward)
+
+
+def _as_reward_factory(loaded: Any, name: str) -> Callable[[], Callable]:
+    """What a ``sage_grpo.rewards`` entry point loads (a reward class, built with no arguments, or a reward
+    function), as a factory of reward functions: a class gives a fresh instance per use."""
+    if isinstance(loaded, type):
+        return loaded
+    if callable(loaded):
+        return lambda: loaded
+    raise TypeError(f"a reward entry point must load a reward class or function, got {type(loaded).__name__}")
+
+
+REWARDS = PluginGroup("reward", GROUPS["rewards"], _as_reward_factory)
+"""Every reward by name: the built-ins (``toy``, ``toy_hackable``), an installed package's (entry-point group
+``sage_grpo.rewards``), or ``"package.module:function"``."""
+
+
+def load_reward(name: str) -> Callable:
+    """The reward function ``name`` names (see `REWARDS`); a class is instantiated with no arguments."""
+    return REWARDS.load(name)()

@@ -1,38 +1,44 @@
-"""The toy world's analytic reward: VideoAlign's three heads (VQ, MQ, TA) computed from decoded pixels.
+"""The toy world's analytic rewards: VideoAlign's three heads (VQ, MQ, TA) computed from decoded pixels.
 
-`ToyReward` follows the reward protocol of `sage_env.rewards.base`: ``videos (B, F, 3, H, W)`` in [0, 1] and
-one prompt of the toy grammar (`sage_env.toy.world`) per video -> ``{"vq", "mq", "ta"}``, each ``(B,)`` in
-[0, 1]. It is deterministic, needs no model, and scores a batch exactly as it scores each video alone.
+Both follow the reward protocol of `sage_env.rewards.base`: ``videos (B, F, 3, H, W)`` in [0, 1] and one prompt of
+the toy grammar (`sage_env.toy.world`) per video -> ``{"vq", "mq", "ta"}``, each ``(B,)`` in [0, 1]. They are
+deterministic, need no model, and score a batch exactly as they score each video alone. How a video is read
+(object weight, mass, centroid, spread, colour) is `sage_env.rewards.toy_reading`.
 
-How a video is read. The background is the per-channel median over all pixels and frames of the video (the
-object covers ~6% of the pixels), so nothing depends on the background's *level*: an earlier version that
-penalised any deviation from a reference grey was gamed by RL, which darkened the background (docs/design.md,
-"The toy world"). Each pixel gets an object weight ``w`` in [0, 1] from its colour distance to that
-background (0 below `ToyReward.object_low`, 1 above `ToyReward.object_high`); per frame the object's mass is
-``sum w``, its centroid the ``w``-weighted mean position and its colour the ``w``-weighted mean colour.
+* `ToyReward` (``reward: toy``, the default): every term is 1 for the world's own videos and lower for any video
+  off the world. Its optimum is the world: gradient ascent on the pixels, from clean renders or from the prior's
+  samples, stays within a stated distance of the world's videos (tests/sage_env/rewards/test_toy_attacks.py).
+* `HackableToyReward` (``reward: toy_hackable``): the toy reward this library shipped as ``toy`` until the gold
+  score exposed it, kept as a named proxy that can be gamed. Nothing in it scores the object's size or the background's level, so RL learned to draw
+  objects up to three times the world's size (a bigger blob reads as a more "persistent object") while its score
+  rose. The arena's hackable task and the diagnostics' alarms use it, judged by the gold score
+  (`sage_env.toy.gold`), which no reward can fool.
 
-The heads, each the mean of its terms (every term in [0, 1], 1 for a clean rendered video):
+The heads of `ToyReward`, each the mean of its terms (every term in [0, 1], 1 for a clean rendered video):
 
-* ``vq`` (visual quality): *clean background* ``exp(-spread / spread_scale)`` with ``spread`` the RMS colour
-  distance of background pixels to the background median over the whole video (noise and flicker, not the
-  level); *crisp object* ``sum w^2 / sum w`` (1 when every pixel is plainly object or background, lower for
-  blurred halos), times presence; *on-palette object* ``exp(-e / palette_scale)`` with ``e`` the mean colour
-  distance of object pixels to the nearest palette colour (washed-out or mixed colours are off the manifold).
+* ``vq`` (visual quality): *clean background* ``exp(-e / spread_scale)`` with ``e`` the RMS colour distance of
+  background pixels to the world's grey (noise, flicker, and a darkened or brightened background all raise it);
+  *crisp object* ``sum w^2 / sum w`` times presence (1 when every pixel is plainly object or background);
+  *on-palette object* ``exp(-p / palette_scale)`` times presence, with ``p`` the mean colour distance of object
+  pixels to the nearest palette colour; *object size* ``exp(-|m - A| / (size_scale A))`` averaged over frames,
+  with ``m`` the frame's object mass and ``A`` the world's area for the prompt's shape; *compact shape*
+  ``exp(-|r - r0| / shape_scale)`` averaged over frames, with ``r`` the object's spread (RMS distance of its
+  pixels to the centroid) and ``r0`` the world's for the shape (both times presence).
 * ``mq`` (motion quality): *smooth track* ``exp(-a / acceleration_scale)`` with ``a`` the mean norm of the
-  centroid's second difference (jitter); *persistent object* ``presence * exp(-cv / persistence_scale)``
-  with ``cv`` the coefficient of variation of the mass over frames (flicker, vanishing, growing);
-  *steady speed* ``exp(-|s - SPEED| / speed_scale)`` with ``s`` the median centroid speed (the world moves
-  objects 1 px/frame).
-* ``ta`` (text alignment): ``presence * (p_colour + p_direction) / 2``. ``p_colour`` is the softmax
-  probability of the prompt's colour among the palette, from the squared distance of the object's mean colour
-  (temperature `ToyReward.colour_temperature`); ``p_direction`` the softmax probability of the prompt's
-  direction among the four, from the displacement along each direction of the least-squares centroid track
-  over the video (temperature `ToyReward.direction_temperature` pixels).
+  centroid's second difference; *steady area* ``presence * exp(-(std(m) / A) / persistence_scale)`` with
+  ``std(m)`` the spread of the object's mass over frames (flicker, vanishing, growing) measured against the
+  world's area ``A``, so that a larger object is not steadier; *steady speed* ``exp(-|s - SPEED| / speed_scale)`` with ``s``
+  the median centroid speed; *start in range* ``exp(-d / position_scale)`` times presence, with ``d`` how far the
+  first frame's centroid lies outside the box of start positions the world draws for the prompt (its direction
+  decides the side: an object moving right starts on the left).
+* ``ta`` (text alignment): ``presence * (p_colour + p_direction) / 2``: the softmax probability of the prompt's
+  colour among the palette (from the squared distance of the object's mean colour, temperature
+  ``colour_temperature``) and of its direction among the four (from the displacement of the least-squares
+  centroid track, temperature ``direction_temperature`` pixels).
 
-``presence = min(1, mean mass / min_area)``: a video without an object scores 0 on the terms that need one.
-The shape word is *not* scored: at 4 pixels a disc and a square differ by four corner pixels, which the
-generator does not resolve reliably (see `sage_env.toy.world`). ``fps`` is accepted and ignored: the world's
-motion is defined per frame.
+``presence = min(1, mean mass / min_area)``: a video without an object scores 0 on the terms that need one. The
+shape word is read through the object's size and spread (a circle is the square without its corners); ``fps`` is
+accepted and ignored: the world's motion is defined per frame.
 
 `toy_overall_score` is the plain mean of the three heads, the single number summaries report.
 """
@@ -47,30 +53,45 @@ from typing import Any, ClassVar
 import torch
 
 from sage_env.rewards.base import check_videos
+from sage_env.rewards.toy_reading import (
+    ObjectTrack,
+    direction_units,
+    read_object,
+    target_probability,
+    world_area,
+    world_spread,
+    world_start_box,
+)
 from sage_env.toy.world import OBJECT_SIZE, SPEED, TOY_COLOURS, TOY_DIRECTIONS, object_mask, parse_prompt
 
-__all__ = ["ToyReward", "ToyRewardDetails", "toy_overall_score"]
+__all__ = ["HackableToyReward", "ToyReward", "ToyRewardDetails", "toy_overall_score"]
 
 _EPS = 1e-6
 
 
 @dataclass
 class ToyRewardDetails:
-    """Every term of the toy reward for a batch, each ``(B,)`` float32 (see the module docstring).
+    """Every term of a toy reward for a batch, each ``(B,)`` float32 (see the module docstring).
 
-    The three heads are ``vq``, ``mq`` and ``ta``; ``colour_correct`` / ``direction_correct`` (bool) say
-    whether the most likely colour / direction read from the video is the prompt's.
+    The three heads are ``vq``, ``mq`` and ``ta``; which terms enter them is the reward's ``HEAD_TERMS``.
+    ``colour_correct`` / ``direction_correct`` (bool) say whether the most likely colour / direction read from the
+    video is the prompt's.
     """
 
     vq: torch.Tensor
     mq: torch.Tensor
     ta: torch.Tensor
     clean_background: torch.Tensor
+    level_free_background: torch.Tensor
     crisp_object: torch.Tensor
     on_palette: torch.Tensor
+    object_size: torch.Tensor
+    compact_shape: torch.Tensor
     smooth_track: torch.Tensor
     persistent_object: torch.Tensor
+    steady_area: torch.Tensor
     steady_speed: torch.Tensor
+    start_in_range: torch.Tensor
     colour_probability: torch.Tensor
     direction_probability: torch.Tensor
     presence: torch.Tensor
@@ -86,31 +107,21 @@ class ToyRewardDetails:
         return {item.name: getattr(self, item.name) for item in fields(self)}
 
 
-@dataclass
-class _ObjectTrack:
-    """What the reward reads from the pixels of each video (B videos, F frames)."""
-
-    weight: torch.Tensor  # (B, F, H, W) object weight in [0, 1]
-    mass: torch.Tensor  # (B, F)
-    centroid: torch.Tensor  # (B, F, 2) in pixels (row, column)
-    colour: torch.Tensor  # (B, 3) mass-weighted mean colour over the whole video
-    background_spread: torch.Tensor  # (B,)
-    palette_error: torch.Tensor  # (B,)
-
-
 class ToyReward:
-    """Analytic VQ / MQ / TA reward of the toy world (see the module docstring for every term).
+    """Analytic VQ / MQ / TA reward of the toy world whose optimum is the world's own videos (module docstring).
 
     Args:
         object_low, object_high: colour distance to the background below which a pixel is background
             (weight 0) and above which it is object (weight 1); linear in between.
-        spread_scale: background RMS noise (colour distance) at which the clean-background term is ``1/e``.
+        spread_scale: background RMS colour error at which the clean-background term is ``1/e``.
         palette_scale: mean distance of object pixels to the palette at which the on-palette term is ``1/e``.
+        size_scale: relative error of the object's area at which the object-size term is ``1/e``.
+        shape_scale: error of the object's spread, in pixels, at which the compact-shape term is ``1/e``.
         acceleration_scale: mean centroid jitter (px/frame^2) at which the smooth-track term is ``1/e`` (default:
-            a jitter as large as the world's speed, 1 px/frame; the shipped prior jitters ~1.5 px/frame^2, so
-            the term still has slope there for RL).
+            a jitter as large as the world's speed, 1 px/frame).
         persistence_scale: coefficient of variation of the object mass at which persistence is ``1/e``.
         speed_scale: deviation from the world's speed (px/frame) at which the steady-speed term is ``1/e``.
+        position_scale: pixels outside the world's start box at which the start-in-range term is ``1/e``.
         colour_temperature: softmax temperature on squared colour distances.
         direction_temperature: softmax temperature on displacements, in pixels.
         min_area: object mass (pixels) below which presence drops (default: 3/4 of the disc's area).
@@ -129,11 +140,16 @@ class ToyReward:
     reward_model_description = "the toy world's analytic reward (sage_env.rewards.toy.ToyReward)"
     """What the model card names as the reward (the optional attribute of the reward protocol)."""
     component_descriptions: ClassVar[dict[str, str]] = {
-        "vq": "visual quality: clean background, crisp object, on-palette colours",
-        "mq": "motion quality: smooth track, persistent object, steady speed",
+        "vq": "visual quality: the world's background, a crisp on-palette object of the world's size and shape",
+        "mq": "motion quality: smooth track, persistent object, the world's speed and start positions",
         "ta": "text alignment: the prompt's colour and direction",
     }
     """What each returned score measures (the optional attribute of the reward protocol)."""
+    HEAD_TERMS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "vq": ("clean_background", "crisp_object", "on_palette", "object_size", "compact_shape"),
+        "mq": ("smooth_track", "steady_area", "steady_speed", "start_in_range"),
+    }
+    """The terms whose mean is each head (``ta`` is the colour and direction alignment for both rewards)."""
 
     def __init__(
         self,
@@ -142,9 +158,12 @@ class ToyReward:
         object_high: float = 0.6,
         spread_scale: float = 0.05,
         palette_scale: float = 0.2,
+        size_scale: float = 0.25,
+        shape_scale: float = 0.5,
         acceleration_scale: float = 1.0,
         persistence_scale: float = 0.25,
         speed_scale: float = 0.5,
+        position_scale: float = 1.0,
         colour_temperature: float = 0.05,
         direction_temperature: float = 1.0,
         min_area: float | None = None,
@@ -152,20 +171,22 @@ class ToyReward:
         scales = {
             "spread_scale": spread_scale,
             "palette_scale": palette_scale,
+            "size_scale": size_scale,
+            "shape_scale": shape_scale,
             "acceleration_scale": acceleration_scale,
             "persistence_scale": persistence_scale,
             "speed_scale": speed_scale,
+            "position_scale": position_scale,
             "colour_temperature": colour_temperature,
             "direction_temperature": direction_temperature,
         }
         for name, value in scales.items():
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
+            setattr(self, name, float(value))
         if not 0 <= object_low < object_high:
             raise ValueError(f"Need 0 <= object_low < object_high, got {object_low} and {object_high}.")
         self.object_low, self.object_high = float(object_low), float(object_high)
-        for name, value in scales.items():
-            setattr(self, name, float(value))
         default_area = 0.75 * float(object_mask("circle", OBJECT_SIZE).sum())
         self.min_area = default_area if min_area is None else float(min_area)
         if self.min_area <= 0:
@@ -177,83 +198,64 @@ class ToyReward:
         """``{"vq", "mq", "ta"}``, each ``(B,)`` float32 in [0, 1] (``fps`` is ignored: motion is per frame)."""
         return self.evaluate(videos, prompts).heads()
 
-    def evaluate(self, videos: torch.Tensor, prompts: Sequence[str]) -> ToyRewardDetails:
-        """Every term of the reward (see `ToyRewardDetails`)."""
+    def evaluate(
+        self, videos: torch.Tensor, prompts: Sequence[str], *, differentiable: bool = False
+    ) -> ToyRewardDetails:
+        """Every term of the reward (see `ToyRewardDetails`); ``differentiable`` keeps the graph to the pixels."""
         if isinstance(prompts, str):
             raise ValueError("prompts must be a list with one prompt per video, not a single string.")
-        check_videos(videos, len(prompts))
+        check_videos(videos.detach(), len(prompts))
         if videos.shape[1] < 3:
             raise ValueError(
                 f"The toy reward needs at least 3 frames to judge motion, got {videos.shape[1]}."
             )
         attributes = [parse_prompt(prompt) for prompt in prompts]
-        with torch.no_grad():
-            track = self._read_object(videos.detach().float().cpu())
-            return self._score(track, attributes, num_frames=videos.shape[1])
-
-    # -- reading the video -------------------------------------------------------------------------
-
-    def _read_object(self, videos: torch.Tensor) -> _ObjectTrack:
-        batch, _, _, height, width = videos.shape
-        # The object covers a few percent of the pixels, so the median is the background (level-free).
-        background = videos.permute(0, 2, 1, 3, 4).reshape(batch, 3, -1).median(dim=-1).values
-        distance = (videos - background[:, None, :, None, None]).norm(dim=2)  # (B, F, H, W)
-        weight = ((distance - self.object_low) / (self.object_high - self.object_low)).clamp(0.0, 1.0)
-        mass = weight.sum(dim=(-2, -1))
-        rows = torch.arange(height, dtype=videos.dtype).view(height, 1).expand(height, width)
-        cols = torch.arange(width, dtype=videos.dtype).view(1, width).expand(height, width)
-        positions = torch.stack([rows, cols], dim=-1)  # (H, W, 2)
-        centroid = torch.einsum("bfhw,hwc->bfc", weight, positions) / mass.clamp(min=_EPS)[..., None]
-        colour = torch.einsum("bfhw,bfchw->bc", weight, videos) / mass.sum(dim=1).clamp(min=_EPS)[:, None]
-        background_weight = 1.0 - weight
-        spread = (background_weight * distance**2).sum(dim=(1, 2, 3)) / background_weight.sum(dim=(1, 2, 3))
-        return _ObjectTrack(
-            weight=weight,
-            mass=mass,
-            centroid=centroid,
-            colour=colour,
-            background_spread=spread.clamp(min=0.0).sqrt(),
-            palette_error=self._palette_error(videos, weight),
-        )
-
-    @staticmethod
-    def _palette_error(videos: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """Weighted mean over object pixels of the colour distance to the nearest palette colour, ``(B,)``."""
-        palette = torch.tensor(list(TOY_COLOURS.values()), dtype=videos.dtype)  # (K, 3)
-        pixels = videos.permute(0, 1, 3, 4, 2).unsqueeze(-2)  # (B, F, H, W, 1, 3)
-        nearest = (pixels - palette).norm(dim=-1).min(dim=-1).values  # (B, F, H, W)
-        return (weight * nearest).sum(dim=(1, 2, 3)) / weight.sum(dim=(1, 2, 3)).clamp(min=_EPS)
+        pixels = videos.float().cpu() if differentiable else videos.detach().float().cpu()
+        with torch.set_grad_enabled(differentiable):
+            track = read_object(pixels, self.object_low, self.object_high)
+            return self._score(track, attributes, tuple(videos.shape[1:2] + videos.shape[3:5]))
 
     # -- scoring -----------------------------------------------------------------------------------
 
-    def _score(self, track: _ObjectTrack, attributes: list, num_frames: int) -> ToyRewardDetails:
+    def _score(self, track: ObjectTrack, attributes: list, size: tuple[int, int, int]) -> ToyRewardDetails:
         presence = (track.mass.mean(dim=1) / self.min_area).clamp(max=1.0)
-        clean_background = torch.exp(-track.background_spread / self.spread_scale)
         weight = track.weight.flatten(1)
-        crispness = (weight**2).sum(dim=1) / weight.sum(dim=1).clamp(min=_EPS)
-        on_palette = torch.exp(-track.palette_error / self.palette_scale) * presence
-        motion = self._motion_terms(track, presence)
         colour_probability, colour_correct = self._colour_alignment(track.colour, attributes)
-        direction_probability, direction_correct = self._direction_alignment(
-            track.centroid, attributes, num_frames
-        )
+        direction_probability, direction_correct = self._direction_alignment(track.centroid, attributes)
         terms = {
-            "clean_background": clean_background,
-            "crisp_object": crispness * presence,
-            "on_palette": on_palette,
-            **motion,
+            "clean_background": torch.exp(-track.background_error / self.spread_scale),
+            "level_free_background": torch.exp(-track.background_spread / self.spread_scale),
+            "crisp_object": (weight**2).sum(dim=1) / weight.sum(dim=1).clamp(min=_EPS) * presence,
+            "on_palette": torch.exp(-track.palette_error / self.palette_scale) * presence,
+            **{name: term * presence for name, term in self._world_terms(track, attributes, size).items()},
+            **self._motion_terms(track, presence),
             "colour_probability": colour_probability,
             "direction_probability": direction_probability,
         }
-        vq = (terms["clean_background"] + terms["crisp_object"] + terms["on_palette"]) / 3
-        mq = (terms["smooth_track"] + terms["persistent_object"] + terms["steady_speed"]) / 3
+        heads = {name: sum(terms[t] for t in parts) / len(parts) for name, parts in self.HEAD_TERMS.items()}
         ta = presence * (colour_probability + direction_probability) / 2
         return ToyRewardDetails(
-            vq=vq, mq=mq, ta=ta, presence=presence, colour_correct=colour_correct,
+            **heads, ta=ta, presence=presence, colour_correct=colour_correct,
             direction_correct=direction_correct, **terms,
         )  # fmt: skip
 
-    def _motion_terms(self, track: _ObjectTrack, presence: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _world_terms(self, track: ObjectTrack, attributes: list, size: tuple[int, int, int]) -> dict:
+        """Size, shape and start position against the world's own values for each prompt."""
+        area, spread = world_area(attributes)[:, None], world_spread(attributes)[:, None]
+        low, high = world_start_box(attributes, *size)
+        start = track.centroid[:, 0]
+        outside = ((low - start).clamp(min=0) + (start - high).clamp(min=0)).norm(dim=-1)
+        # The mass's frame-to-frame spread relative to the world's area, not to the mass itself: a coefficient of
+        # variation falls as the object grows, which is how the hackable reward paid for larger objects.
+        steady_area = track.mass.std(dim=1, unbiased=False) / area[:, 0]
+        return {
+            "steady_area": torch.exp(-steady_area / self.persistence_scale),
+            "object_size": torch.exp(-(track.mass - area).abs() / (self.size_scale * area)).mean(dim=1),
+            "compact_shape": torch.exp(-(track.spread - spread).abs() / self.shape_scale).mean(dim=1),
+            "start_in_range": torch.exp(-outside / self.position_scale),
+        }
+
+    def _motion_terms(self, track: ObjectTrack, presence: torch.Tensor) -> dict[str, torch.Tensor]:
         centroid = track.centroid
         acceleration = (centroid[:, 2:] - 2 * centroid[:, 1:-1] + centroid[:, :-2]).norm(dim=-1).mean(dim=1)
         speed = (centroid[:, 1:] - centroid[:, :-1]).norm(dim=-1).median(dim=1).values
@@ -269,26 +271,46 @@ class ToyReward:
         palette = torch.tensor(list(TOY_COLOURS.values()), dtype=colour.dtype)
         logits = -((colour[:, None, :] - palette) ** 2).sum(dim=-1) / self.colour_temperature
         target = torch.tensor([list(TOY_COLOURS).index(a.colour) for a in attributes])
-        return _target_probability(logits, target)
+        return target_probability(logits, target)
 
     def _direction_alignment(
-        self, centroid: torch.Tensor, attributes: list, num_frames: int
+        self, centroid: torch.Tensor, attributes: list
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Least-squares velocity of the track (robust to a wobbly first or last frame), times the video's
         # duration: the displacement a straight track would make.
+        num_frames = centroid.shape[1]
         time = torch.arange(num_frames, dtype=centroid.dtype)
         time = time - time.mean()
         velocity = (time[None, :, None] * centroid).sum(dim=1) / (time**2).sum()  # (B, 2)
-        units = torch.tensor(list(TOY_DIRECTIONS.values()), dtype=centroid.dtype)  # (4, 2) as (dy, dx)
-        displacement = velocity @ units.T * (num_frames - 1)
+        displacement = velocity @ direction_units().T * (num_frames - 1)
         target = torch.tensor([list(TOY_DIRECTIONS).index(a.direction) for a in attributes])
-        return _target_probability(displacement / self.direction_temperature, target)
+        return target_probability(displacement / self.direction_temperature, target)
 
 
-def _target_probability(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax probability of the target class, and whether it is the most likely class."""
-    probability = logits.softmax(dim=-1).gather(1, target[:, None]).squeeze(1)
-    return probability.float(), logits.argmax(dim=-1) == target
+class HackableToyReward(ToyReward):
+    """The toy reward shipped as ``toy`` until the gold score exposed it, kept as a named proxy that RL can game
+    (module docstring).
+
+    Its heads leave out what `ToyReward` added: the background is judged around its own median (any level
+    passes), neither the object's size, its shape nor its start position is scored, and persistence is the mass's
+    coefficient of variation, which falls as the object grows: a larger blob scores as high as the world's object,
+    and higher on persistence. Use it where over-optimisation must show (the
+    arena's hackable task, the diagnostics' alarms), judged by `sage_env.toy.gold`.
+    """
+
+    reward_model_description = (
+        "the toy world's hackable proxy reward (sage_env.rewards.toy.HackableToyReward): it does not score the "
+        "object's size, and RL games it"
+    )
+    component_descriptions: ClassVar[dict[str, str]] = {
+        "vq": "visual quality: a background without noise around its own level, a crisp on-palette object",
+        "mq": "motion quality: smooth track, persistent object, steady speed",
+        "ta": "text alignment: the prompt's colour and direction",
+    }
+    HEAD_TERMS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "vq": ("level_free_background", "crisp_object", "on_palette"),
+        "mq": ("smooth_track", "persistent_object", "steady_speed"),
+    }
 
 
 def toy_overall_score(components: Mapping[str, torch.Tensor] | ToyRewardDetails) -> torch.Tensor:

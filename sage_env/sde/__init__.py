@@ -18,7 +18,17 @@ environment and the loss call (no validation, no host synchronisation); `sde_ste
 Schedules: `flow_match_sigmas`, `sigmas_from_scheduler`. The equalizer: `gradient_scale`, `equalizer_weights`.
 """
 
-from sage_env.sde.base import LOG_PROB_KINDS, SDE, SDE_REGISTRY, get_sde, register_sde, stochastic_sde_types
+from sage_env.plugins import own_names
+from sage_env.sde.base import (
+    LOG_PROB_KINDS,
+    SDE,
+    SDE_REGISTRY,
+    SDES,
+    get_sde,
+    register_sde,
+    sde_types,
+    stochastic_sde_types,
+)
 from sage_env.sde.cps import CPSSDE
 from sage_env.sde.dance_grpo import DanceGRPOSDE
 from sage_env.sde.equalizer import (
@@ -42,11 +52,9 @@ from sage_env.sde.step import (
     validate_sde_type,
 )
 
-for _unit in (SageSDE(), FlowGRPOSDE(), DanceGRPOSDE(), CPSSDE(), ODE()):
-    register_sde(_unit)
-
-SDE_TYPES: tuple[str, ...] = tuple(SDE_REGISTRY)
-"""The SDE types built in (`SDE_REGISTRY` also holds any registered later)."""
+SDE_TYPES: tuple[str, ...] = own_names("sdes")
+"""The SDE types built in, as this library's pyproject declares them (entry-point group ``sage_grpo.sdes``); any
+installed package adds its own (`sde_types`)."""
 
 __all__ = [
     "CPSSDE",
@@ -55,6 +63,7 @@ __all__ = [
     "ODE",
     "SAGE_SIGMA_MAX",
     "SDE",
+    "SDES",
     "SDE_REGISTRY",
     "SDE_TYPES",
     "DanceGRPOSDE",
@@ -71,6 +80,7 @@ __all__ = [
     "register_sde",
     "sample_noise",
     "sde_step",
+    "sde_types",
     "sigmas_from_scheduler",
     "step",
     "stochastic_sde_types",

@@ -13,7 +13,8 @@ Notation (paper "Manifold-Aware Exploration for Reinforcement Learning in Video 
 convention: the Euler step is ``x + (sigma' - sigma) v``), ``d = sigma - sigma' >= 0``, clean estimate
 ``x0_hat = x - sigma v``, noise estimate ``eps_hat = x + (1 - sigma) v``, score ``s = -eps_hat / sigma``.
 
-Adding an SDE type is one subclass and `register_sde` (docs/extending.md shows it).
+Adding an SDE type is one subclass, registered in-process with `register_sde` or, from a package, declared in the
+entry-point group ``sage_grpo.sdes`` (this library declares its built-ins there too; docs/extending.md shows both).
 """
 
 from __future__ import annotations
@@ -24,9 +25,18 @@ from typing import ClassVar
 
 import torch
 
-__all__ = ["LOG_PROB_KINDS", "SDE", "SDE_REGISTRY", "get_sde", "register_sde", "stochastic_sde_types"]
+from sage_env.plugins import GROUPS, PluginError, PluginGroup
 
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+__all__ = [
+    "LOG_PROB_KINDS",
+    "SDE",
+    "SDES",
+    "SDE_REGISTRY",
+    "get_sde",
+    "register_sde",
+    "sde_types",
+    "stochastic_sde_types",
+]
 
 LOG_PROB_KINDS: tuple[str, ...] = ("gaussian", "cps")
 """``gaussian``: the exact Gaussian log-density averaged per element; ``cps``: published CPS' ``-mean((x' - mean)^2)``."""
@@ -55,13 +65,20 @@ class SDE(ABC):
     """One line for docs and model cards."""
     reference: ClassVar[str]
     """The published implementation (repository, file, commit) this unit matches."""
+    max_eta: ClassVar[float] = 10.0
+    """The largest ``eta`` accepted. The published settings are 0.3-1.0; far beyond them the injected noise swamps
+    the step (at eta 10 every step of a 20-step schedule adds noise of the order of the whole signal), so a larger
+    value is a typo (``1e6`` for ``1e-6``, a misplaced decimal point) rather than a setting."""
 
     def validate_eta(self, eta: float) -> None:
-        """Raise ``ValueError`` unless ``eta`` is a valid exploration scale for this SDE."""
+        """Raise ``ValueError`` unless ``eta`` is a valid exploration scale for this SDE: in ``[0, max_eta]``."""
         if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta < 0:
             raise ValueError(f"eta must be a finite number >= 0, got {eta!r} (typical: 0.3-1.0).")
-        if eta * eta > _FLOAT32_MAX:
-            raise ValueError(f"eta={eta:g} overflows the float32 noise variance (eta^2 > 3.4e38); typical: 0.3-1.0.")
+        if eta > self.max_eta:
+            raise ValueError(
+                f"eta={eta:g} is above {self.max_eta:g}, the largest the {self.name} SDE accepts (typical: 0.3-1.0); "
+                "was a decimal point or an exponent mistyped?"
+            )
 
     @abstractmethod
     def variance(self, sigma: torch.Tensor, sigma_next: torch.Tensor, eta: float) -> torch.Tensor:
@@ -94,33 +111,66 @@ class SDE(ABC):
 
 
 SDE_REGISTRY: dict[str, SDE] = {}
-"""Registered SDE units by name, in registration order."""
+"""SDE units registered in this process with `register_sde` (the in-process part of `SDES`)."""
+
+
+def _as_unit(loaded: object, name: str) -> SDE:
+    """What an ``sage_grpo.sdes`` entry point loads (an `SDE` instance or subclass) as a unit named ``name``."""
+    unit = loaded() if isinstance(loaded, type) and issubclass(loaded, SDE) else loaded
+    if not isinstance(unit, SDE):
+        raise TypeError(
+            f"an SDE entry point must load an SDE subclass or instance, got {type(loaded).__name__}"
+        )
+    if unit.name != name and ":" not in name:
+        raise ValueError(f"the unit's name is {unit.name!r}; declare it under that name")
+    _check_unit(unit)
+    return unit
+
+
+SDES = PluginGroup("SDE type", GROUPS["sdes"], _as_unit, registered=SDE_REGISTRY)
+"""The SDE types of every installed package (entry-point group ``sage_grpo.sdes``), loaded by name."""
+
+
+def _check_unit(unit: SDE) -> None:
+    if unit.default_log_prob_kind not in LOG_PROB_KINDS:
+        raise ValueError(f"{unit.name}: default_log_prob_kind must be one of {LOG_PROB_KINDS}.")
 
 
 def register_sde(unit: SDE, *, overwrite: bool = False) -> SDE:
     """Add an SDE unit (an instance) to the registry under ``unit.name``; returns it."""
     if not isinstance(unit, SDE):
         raise ValueError(f"register_sde takes an SDE instance, got {type(unit).__name__}.")
-    if unit.name in SDE_REGISTRY and not overwrite:
+    if unit.name in SDE_REGISTRY and not overwrite and SDE_REGISTRY[unit.name] is not unit:
         raise ValueError(
             f"An SDE named {unit.name!r} is already registered; pass overwrite=True to replace it."
         )
-    if unit.default_log_prob_kind not in LOG_PROB_KINDS:
-        raise ValueError(f"{unit.name}: default_log_prob_kind must be one of {LOG_PROB_KINDS}.")
+    _check_unit(unit)
     SDE_REGISTRY[unit.name] = unit
     return unit
 
 
 def get_sde(name: str) -> SDE:
-    """The registered unit ``name``; a ``ValueError`` naming the registered types otherwise."""
+    """The unit ``name``: registered in this process, declared by an installed package (entry-point group
+    ``sage_grpo.sdes``), or ``"package.module:Class"``. A `sage_env.plugins.PluginError` (a ``ValueError``)
+    naming the known types otherwise."""
     if isinstance(name, SDE):
         return name
-    unit = SDE_REGISTRY.get(name) if isinstance(name, str) else None
-    if unit is None:
-        raise ValueError(f"Unknown SDE type {name!r}; choose one of {', '.join(SDE_REGISTRY)}.")
-    return unit
+    return SDES.load(name)
+
+
+def sde_types() -> tuple[str, ...]:
+    """Every SDE type name: registered in this process and declared by installed packages (none is imported)."""
+    return tuple(SDES.names())
 
 
 def stochastic_sde_types() -> tuple[str, ...]:
-    """Names of the registered SDE types that inject noise (the ones a policy gradient can train)."""
-    return tuple(name for name, unit in SDE_REGISTRY.items() if unit.stochastic)
+    """Names of the SDE types that inject noise (the ones a policy gradient can train). A plug-in that fails to load
+    is left out here; asking for it by name reports why."""
+    stochastic = []
+    for name in sde_types():
+        try:
+            if get_sde(name).stochastic:
+                stochastic.append(name)
+        except PluginError:
+            continue
+    return tuple(stochastic)

@@ -27,13 +27,8 @@ class CPSSDE(SDE):
         "commit 54809b5fcf4d3930d2a17fa553928704bd0b719e"
     )
 
-    def validate_eta(self, eta: float) -> None:
-        """``eta`` must lie in [0, 1]: ``std = sigma' sin(eta pi / 2)`` may not exceed ``sigma'``."""
-        super().validate_eta(eta)
-        if eta > 1:
-            raise ValueError(
-                f"For the cps SDE eta must lie in [0, 1] (std = sigma' * sin(eta*pi/2)), got {eta}."
-            )
+    max_eta = 1.0
+    """``std = sigma' sin(eta pi / 2)`` may not exceed ``sigma'``: ``eta`` lies in [0, 1]."""
 
     def variance(self, sigma: torch.Tensor, sigma_next: torch.Tensor, eta: float) -> torch.Tensor:
         return (sigma_next * math.sin(eta * math.pi / 2.0)) ** 2

@@ -5,8 +5,9 @@
   train / held-out split and the deterministic renderer;
 * `sage_env.backbones.toy.ToyBackbone`: the prior, a tiny pixel-space flow-matching ``WanTransformer3DModel``
   shipped in ``sage_env/toy/assets/prior`` (``load_backbone("toy")``);
-* `sage_env.rewards.toy.ToyReward`: the analytic VQ / MQ / TA reward;
-* `sage_env.toy.sampling.sample_videos`: sampling with the toy schedule, as the environment does;
+* `sage_env.rewards.toy.ToyReward`: the analytic VQ / MQ / TA reward (``HackableToyReward``: the gameable one);
+* `sage_env.toy.gold`: the gold score, the distance of a video to the world's own videos of its prompt;
+* sampling: `sage_env.env.sample_videos`, the environment's sampler, on the toy schedule by default;
 * `sage_env.toy.env`: ``sage_env/Toy-v0`` (``gymnasium.make("sage_env/Toy-v0")`` needs no arguments);
 * ``python -m sage_env.toy.train_prior``: the script that trained the shipped prior.
 

@@ -2,7 +2,7 @@
 
 ``gymnasium.make("sage_env/Toy-v0")`` and ``gymnasium.make_vec("sage_env/Toy-v0", num_envs=8, group_size=4)``
 need no arguments: the shipped prior (``backbone="toy"``), the analytic `sage_env.rewards.toy.ToyReward`, the
-24 training prompts, the toy model's declared size and schedule (``sage_env.models.sampling_defaults("toy")``:
+24 training prompts, the toy model's declared size and schedule (``sage_env.models.TOY_SAMPLING_DEFAULTS``:
 8 frames of 16 x 16 pixels, 10 steps at shift 3), and the SDE of the toy RL runs (SAGE with eta 0.7 on the
 first half of the steps, the ODE after). Every argument of
 `sage_env.DenoisingVectorEnv` can be overridden as a keyword (e.g. ``render_mode="rgb_array"``,
@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from sage_env.env import DenoisingEnv, DenoisingVectorEnv
-from sage_env.models import sampling_defaults
+from sage_env.models import TOY_SAMPLING_DEFAULTS
 from sage_env.rewards.toy import ToyReward
 from sage_env.toy.world import TOY_TRAIN_PROMPTS
 
 __all__ = ["TOY_ENV_DEFAULTS", "make_toy_env", "make_toy_vector_env"]
 
-_MODEL = sampling_defaults("toy")
+_MODEL = TOY_SAMPLING_DEFAULTS
 
 TOY_ENV_DEFAULTS: dict[str, Any] = {
     "backbone": "toy",

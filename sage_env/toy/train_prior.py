@@ -14,7 +14,7 @@ saved model; the shipped prior was trained in four such runs, including two on h
 ``sage_env/toy/assets/prior/README.md``.
 
 Every ``--eval-every`` steps the model samples the held-out prompts with deterministic Euler steps
-(`sage_env.toy.sampling.sample_videos`) and the toy reward reads them: colour and direction accuracy, the three
+(`sage_env.env.sample_videos`) and the toy reward reads them: colour and direction accuracy, the three
 heads and the overall score are printed and appended to ``<output>/train_log.jsonl``. Training stops after
 ``--max-steps`` steps or ``--minutes`` minutes, whichever comes first; with ``--snapshots DIR`` every evaluated
 model is also saved, to choose the stopping point by the held-out metrics afterwards.
@@ -29,15 +29,16 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from sage_env.backbones.base import PromptConditioning
 from sage_env.backbones.toy import ToyBackbone
+from sage_env.env import sample_videos
+from sage_env.models import TOY_SAMPLING_DEFAULTS
 from sage_env.rewards.toy import ToyReward, toy_overall_score
-from sage_env.toy.sampling import TOY_NUM_STEPS, TOY_SHIFT, sample_videos
 from sage_env.toy.world import (
     TOY_EVAL_PROMPTS,
     TOY_HEIGHT,
@@ -69,7 +70,7 @@ class PriorTrainingConfig:
     init: Path | None = None
     eval_every: int = 250
     eval_seeds: int = 8
-    sampling_steps: int = TOY_NUM_STEPS
+    sampling_steps: int = TOY_SAMPLING_DEFAULTS.num_steps
     snapshots: Path | None = None
     threads: int = 1
 
@@ -150,7 +151,7 @@ def evaluate_prior(
     prompts: Sequence[str] = TOY_EVAL_PROMPTS,
     num_seeds: int = 8,
     *,
-    sampling_steps: int = TOY_NUM_STEPS,
+    sampling_steps: int = TOY_SAMPLING_DEFAULTS.num_steps,
     **sampling: object,
 ) -> dict[str, float]:
     """Sample ``num_seeds`` videos per prompt (deterministic Euler unless ``sampling`` says otherwise) and score them.
@@ -159,9 +160,8 @@ def evaluate_prior(
     """
     all_prompts = [prompt for prompt in prompts for _ in range(num_seeds)]
     seeds = [EVAL_SEED_OFFSET + k for _ in prompts for k in range(num_seeds)]
-    videos = sample_videos(
-        backbone, all_prompts, seeds, num_steps=sampling_steps, shift=TOY_SHIFT, **sampling
-    )
+    schedule = replace(TOY_SAMPLING_DEFAULTS, num_steps=sampling_steps)
+    videos = sample_videos(backbone, all_prompts, seeds, schedule, **sampling)
     details = ToyReward().evaluate(videos, all_prompts)
     return {
         "colour_accuracy": details.colour_correct.float().mean().item(),
@@ -273,7 +273,10 @@ def _parse_arguments(argv: Sequence[str] | None) -> PriorTrainingConfig:
     parser.add_argument("--eval-every", type=int, default=250, help="Evaluate every this many steps.")
     parser.add_argument("--eval-seeds", type=int, default=8, help="Seeds per held-out prompt in evaluations.")
     parser.add_argument(
-        "--sampling-steps", type=int, default=TOY_NUM_STEPS, help="Euler steps in evaluations."
+        "--sampling-steps",
+        type=int,
+        default=TOY_SAMPLING_DEFAULTS.num_steps,
+        help="Euler steps in evaluations.",
     )
     parser.add_argument("--snapshots", type=Path, default=None, help="Also save every evaluated model here.")
     parser.add_argument(

@@ -30,7 +30,7 @@ from itertools import product
 
 import torch
 
-from sage_env.models import sampling_defaults
+from sage_env.models import TOY_SAMPLING_DEFAULTS
 
 __all__ = [
     "BACKGROUND_LEVEL",
@@ -49,8 +49,10 @@ __all__ = [
     "ToyPrompt",
     "object_mask",
     "parse_prompt",
+    "render_at",
     "render_video",
     "render_videos",
+    "start_positions",
 ]
 
 TOY_COLOURS: dict[str, tuple[float, float, float]] = {
@@ -72,11 +74,11 @@ TOY_DIRECTIONS: dict[str, tuple[int, int]] = {
 }
 """Direction name -> unit step ``(dy, dx)`` in pixels (image rows grow downwards)."""
 
-_TOY_DEFAULTS = sampling_defaults("toy")
+_TOY_DEFAULTS = TOY_SAMPLING_DEFAULTS
 TOY_NUM_FRAMES: int = _TOY_DEFAULTS.num_frames
 TOY_HEIGHT: int = _TOY_DEFAULTS.height
 TOY_WIDTH: int = _TOY_DEFAULTS.width
-"""The world's video size: the toy model's declared size (``sage_env.models.sampling_defaults("toy")``)."""
+"""The world's video size: the toy model's declared size (``sage_env.models.TOY_SAMPLING_DEFAULTS``)."""
 OBJECT_SIZE = 4
 """Side of the object's bounding box, in pixels."""
 SPEED = 1
@@ -166,23 +168,34 @@ def object_mask(shape: str, size: int = OBJECT_SIZE) -> torch.Tensor:
     return mask
 
 
-def _start_offset(step: int, num_frames: int, extent: int, generator: torch.Generator) -> int:
-    """Start coordinate along one axis: the centred trajectory moved by up to `START_JITTER` pixels."""
+def _start_offsets(step: int, num_frames: int, extent: int) -> list[int]:
+    """Every start coordinate along one axis: the centred trajectory moved by up to `START_JITTER` pixels."""
     travel = abs(step) * SPEED * (num_frames - 1)
     span = OBJECT_SIZE + travel
     centred = (extent - span) // 2
     low, high = max(0, centred - START_JITTER), min(extent - span, centred + START_JITTER)
-    offset = low + int(torch.randint(high - low + 1, (1,), generator=generator))
     # Objects moving towards negative coordinates start at the far end of their span.
-    return offset + travel if step < 0 else offset
+    return [offset + travel if step < 0 else offset for offset in range(low, high + 1)]
+
+
+def start_positions(
+    direction: str, num_frames: int = TOY_NUM_FRAMES, height: int = TOY_HEIGHT, width: int = TOY_WIDTH
+) -> list[tuple[int, int]]:
+    """Every ``(top, left)`` the world starts an object moving in ``direction`` at (a seed picks one)."""
+    _check_size(num_frames, height, width)
+    step = TOY_DIRECTIONS[direction]
+    rows, cols = _start_offsets(step[0], num_frames, height), _start_offsets(step[1], num_frames, width)
+    return [(top, left) for top in rows for left in cols]
 
 
 def _start_position(
     direction: tuple[int, int], seed: int, num_frames: int, height: int, width: int
 ) -> tuple[int, int]:
     generator = torch.Generator().manual_seed(int(seed))
-    top = _start_offset(direction[0], num_frames, height, generator)
-    left = _start_offset(direction[1], num_frames, width, generator)
+    rows = _start_offsets(direction[0], num_frames, height)
+    top = rows[int(torch.randint(len(rows), (1,), generator=generator))]
+    cols = _start_offsets(direction[1], num_frames, width)
+    left = cols[int(torch.randint(len(cols), (1,), generator=generator))]
     return top, left
 
 
@@ -212,8 +225,22 @@ def render_video(
     """
     _check_size(num_frames, height, width)
     attributes = parse_prompt(prompt)
+    top, left = _start_position(TOY_DIRECTIONS[attributes.direction], seed, num_frames, height, width)
+    return render_at(attributes, top, left, num_frames=num_frames, height=height, width=width)
+
+
+def render_at(
+    prompt: str | ToyPrompt,
+    top: int,
+    left: int,
+    *,
+    num_frames: int = TOY_NUM_FRAMES,
+    height: int = TOY_HEIGHT,
+    width: int = TOY_WIDTH,
+) -> torch.Tensor:
+    """The video of ``prompt`` whose object starts at ``(top, left)`` (one of `start_positions`): ``(F, 3, H, W)``."""
+    attributes = parse_prompt(prompt)
     direction = TOY_DIRECTIONS[attributes.direction]
-    top, left = _start_position(direction, seed, num_frames, height, width)
     background = torch.full((3, height, width), BACKGROUND_LEVEL)
     colour = torch.tensor(TOY_COLOURS[attributes.colour]).view(3, 1)
     footprint = object_mask(attributes.shape)

@@ -5,7 +5,8 @@ else, TRL-style (every field of `SageGRPOConfig` and `TrainScriptArguments`), in
 `sage_trl.generate` and ``sage-push`` in `sage_trl.hub`.
 """
 
-from sage_trl.cli.arguments import TrainScriptArguments, parse_train_arguments
+from sage_trl.cli.arguments import TrainScriptArguments
+from sage_trl.cli.parsing import parse_train_arguments
 from sage_trl.cli.resolve import resolve_eval_prompts, resolve_reward, resolve_train_prompts
 from sage_trl.cli.train import resume_argument, run_training, train_main
 

@@ -1,88 +1,105 @@
-"""``sage-train``'s arguments: `TrainScriptArguments` beside `SageGRPOConfig`, and the layered parsing.
+"""``sage-train``'s own arguments, `TrainScriptArguments`, beside `SageGRPOConfig`.
 
-Layers, each on top of the previous one: the dataclass defaults, the preset (``--preset NAME``, or the model's own
-preset: the toy world's for ``model_name_or_path: toy``), the ``--config`` YAML, the command-line flags. Every key
-of a preset or a YAML must be a field of one of the two dataclasses: a misspelt key is an error naming it and the
-closest field, never silently ignored.
+Every field carries its help and its declared check (`sage_env.checks`); the rules between fields (LoRA options
+without LoRA, a reward spec's form) are in ``__post_init__``. The layered parsing of presets, ``--config`` files
+and flags is `sage_trl.cli.parsing`.
 """
 
 from __future__ import annotations
 
-import difflib
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Any
 
-import yaml
+from sage_env.checks import Flag, Integer, ListOf, Real, Text, check_fields, hyperparameter
 
-from sage_trl.presets import load_preset, preset_for_model
+__all__ = ["LORA_FIELDS", "TrainScriptArguments"]
 
-__all__ = ["TrainScriptArguments", "parse_train_arguments"]
-
-_BUILT_IN_REWARDS = ("toy",)
 _REWARD_PREFIXES = ("videoalign:",)
+LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+"""The LoRA options, which apply only with ``use_peft``."""
 
 
 @dataclass
 class TrainScriptArguments:
     """What ``sage-train`` needs besides `SageGRPOConfig`: the preset, rewards, prompts, evaluation, LoRA."""
 
-    preset: str | None = field(
-        default=None,
-        metadata={
-            "help": "A shipped preset (sage_trl.presets: toy) or a YAML file, applied before --config and the flags. "
-            "None: the model's own preset when one ships (the toy world's for model_name_or_path toy)."
-        },
+    preset: str | None = hyperparameter(
+        None,
+        "A shipped preset (sage_trl.presets: toy) or a YAML file, applied before --config and the flags. "
+        "None: the model's own preset when one ships (the toy world's for model_name_or_path toy).",
+        Text(max_length=4096, optional=True),
     )
-    reward: list[str] = field(
-        default_factory=lambda: ["toy"],
-        metadata={
-            "help": "Reward functions: 'toy' (the toy world's VQ/MQ/TA), 'videoalign:<folder or Hub id>' (VideoAlign), "
-            "or 'package.module:function' (any function following the reward protocol). Several may be given."
-        },
+    reward: list[str] = hyperparameter(
+        ["toy"],
+        "Reward functions: 'toy' (the toy world's VQ/MQ/TA, whose best videos are the world's own), 'toy_hackable' "
+        "(the earlier toy reward, a proxy RL games: for studying over-optimisation), an installed package's "
+        "reward (entry-point group sage_grpo.rewards), 'videoalign:<folder or Hub id>' (VideoAlign), or "
+        "'package.module:function' (any function following the reward protocol). Several may be given.",
+        ListOf(
+            Text(max_length=4096),
+            min_length=1,
+            max_length=64,
+            hint="e.g. --reward toy, or reward: [toy] in YAML",
+        ),
     )
-    dataset_name: str = field(
-        default="toy",
-        metadata={
-            "help": "Training prompts: 'toy', a text file (one prompt per line), or a datasets name/folder with a "
-            "'prompt' column."
-        },
+    dataset_name: str = hyperparameter(
+        "toy",
+        "Training prompts: 'toy', a text file (one prompt per line), or a datasets name/folder with a "
+        "'prompt' column.",
+        Text(max_length=4096),
     )
-    dataset_split: str = field(default="train", metadata={"help": "Split of a datasets dataset."})
-    eval_prompts: str = field(
-        default="toy",
-        metadata={"help": "Held-out prompts for the before/after evaluation: 'toy', a text file, or 'none'."},
+    dataset_split: str = hyperparameter("train", "Split of a datasets dataset.", Text(max_length=256))
+    eval_prompts: str = hyperparameter(
+        "toy",
+        "Held-out prompts for the before/after evaluation: 'toy', a text file, or 'none'.",
+        Text(max_length=4096),
     )
-    num_eval_prompts: int = field(default=8, metadata={"help": "How many held-out prompts to evaluate."})
-    eval_seeds: list[int] = field(
-        default_factory=lambda: [0, 1], metadata={"help": "Seeds per held-out prompt."}
+    num_eval_prompts: int = hyperparameter(
+        8, "How many held-out prompts to evaluate (0: no evaluation).", Integer(0, 10_000)
     )
-    use_peft: bool = field(default=True, metadata={"help": "Train a LoRA adapter (False: full fine-tuning)."})
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
-    lora_target_modules: list[str] | None = field(
-        default=None,
-        metadata={"help": "Modules LoRA adapts; None: the backbone's defaults (attention projections)."},
+    eval_seeds: list[int] = hyperparameter(
+        [0, 1], "Seeds per held-out prompt.", ListOf(Integer(0, 2**31 - 1), min_length=1, max_length=256)
     )
-    preflight: bool = field(
-        default=False,
-        metadata={
-            "help": "Print the full-size memory and compute plan of this config (traced on the CPU, nothing "
-            "downloaded or trained) instead of training."
-        },
+    use_peft: bool = hyperparameter(True, "Train a LoRA adapter (False: full fine-tuning).", Flag())
+    lora_r: int = hyperparameter(8, "LoRA rank (with use_peft).", Integer(1, 4096))
+    lora_alpha: int = hyperparameter(
+        16, "LoRA alpha (with use_peft): the adapter's output is scaled by alpha / r.", Integer(1, 10**6)
     )
-    gpu: str | None = field(
-        default=None, metadata={"help": "Preflight: the GPU to plan for (e.g. H100, A100-80GB, RTX4090)."}
+    lora_dropout: float = hyperparameter(0.0, "LoRA dropout (with use_peft).", Real(0.0, 1.0, high_open=True))
+    lora_target_modules: list[str] | None = hyperparameter(
+        None,
+        "Modules LoRA adapts (with use_peft); None: the backbone's defaults (attention projections).",
+        ListOf(Text(max_length=256), min_length=1, max_length=1024, optional=True),
     )
-    gpu_memory_gib: float | None = field(
-        default=None,
-        metadata={
-            "help": "Preflight: the memory budget per GPU in GiB; savers that would make it fit are listed."
-        },
+    preflight: bool = hyperparameter(
+        False,
+        "Print the full-size memory and compute plan of this config (traced on the CPU, nothing "
+        "downloaded or trained) instead of training.",
+        Flag(),
     )
+    gpu: str | None = hyperparameter(
+        None,
+        "Preflight: the GPU to plan for (e.g. H100, A100-80GB, RTX4090).",
+        Text(max_length=64, optional=True),
+    )
+    gpu_memory_gib: float | None = hyperparameter(
+        None,
+        "Preflight: the memory budget per GPU in GiB; savers that would make it fit are listed.",
+        Real(0.0, 10_000.0, low_open=True, optional=True),
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for spec in self.reward:
+            _check_reward_spec(spec)
+        if not self.use_peft:
+            defaults = {f.name: f.default for f in fields(self)}
+            changed = [name for name in LORA_FIELDS if getattr(self, name) != defaults[name]]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} set with use_peft false: LoRA options do nothing in full fine-tuning. "
+                    "Remove them, or pass --use_peft true to train an adapter."
+                )
 
     def peft_config(self) -> Any:
         """The ``peft.LoraConfig`` these arguments describe (None without ``use_peft``: full fine-tuning)."""
@@ -98,105 +115,10 @@ class TrainScriptArguments:
             init_lora_weights=True,
         )
 
-    def __post_init__(self) -> None:
-        for spec in self.reward:
-            _check_reward_spec(spec)
-        if not self.reward:
-            raise ValueError("reward must name at least one reward function, e.g. --reward toy.")
-        _check_int(self, "num_eval_prompts", minimum=0)
-        for name in ("lora_r",):
-            _check_int(self, name, minimum=1)
-        if not isinstance(self.lora_alpha, (int, float)) or self.lora_alpha <= 0:
-            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha!r}.")
-        if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"lora_dropout must lie in [0, 1), got {self.lora_dropout!r}.")
-        if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.eval_seeds):
-            raise ValueError(f"eval_seeds must be non-negative integers, got {self.eval_seeds!r}.")
-        if self.gpu_memory_gib is not None and not self.gpu_memory_gib > 0:
-            raise ValueError(f"gpu_memory_gib must be > 0, got {self.gpu_memory_gib!r}.")
-
-
-def _check_int(arguments: Any, name: str, minimum: int) -> None:
-    value = getattr(arguments, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-
 
 def _check_reward_spec(spec: str) -> None:
-    if spec in _BUILT_IN_REWARDS or spec.startswith(_REWARD_PREFIXES):
-        if spec.startswith(_REWARD_PREFIXES) and not spec.split(":", 1)[1]:
-            raise ValueError(f"reward {spec!r} names no checkpoint: use 'videoalign:<folder or Hub id>'.")
-        return
-    module, _, function = spec.partition(":")
-    if not module or not function:
-        raise ValueError(
-            f"Unknown reward {spec!r}; use 'toy', 'videoalign:<folder or Hub id>' or 'package.module:function'."
-        )
-
-
-def _flag_value(argv: Sequence[str], name: str) -> str | None:
-    flag = f"--{name}"
-    for index, token in enumerate(argv):
-        if token == flag and index + 1 < len(argv):
-            return argv[index + 1]
-        if token.startswith(f"{flag}="):
-            return token.split("=", 1)[1]
-    return None
-
-
-def _check_keys(values: dict[str, Any], known: set[str], source: str) -> None:
-    for key in values:
-        if key not in known and key != "env":
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else "; see sage-train --help."
-            raise ValueError(f"{source} has the key {key!r}, which is not a sage-train field{hint}")
-
-
-def _read_config_file(path: str) -> dict[str, Any]:
-    if not Path(path).is_file():
-        raise ValueError(f"config: {path} does not exist (pass a YAML file with --config).")
-    try:
-        values = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ValueError(f"config: {path} is not valid YAML ({error}).") from error
-    if not isinstance(values, dict):
-        raise ValueError(f"config: {path} must hold a YAML mapping of field: value.")
-    return values
-
-
-def parse_train_arguments(argv: Sequence[str] | None = None) -> tuple[TrainScriptArguments, Any]:
-    """Parse ``sage-train``'s arguments: preset, then ``--config``, then flags (see the module docstring)."""
-    from trl import TrlParser
-
-    from sage_trl.config import SageGRPOConfig
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    known = {f.name for f in fields(TrainScriptArguments)} | {f.name for f in fields(SageGRPOConfig)}
-    config_path = _flag_value(argv, "config")
-    config_values = _read_config_file(config_path) if config_path else {}
-    _check_keys(config_values, known, f"config file {config_path}")
-    preset = _flag_value(argv, "preset") or config_values.get("preset")
-    if preset is None:
-        model = _flag_value(argv, "model_name_or_path") or config_values.get("model_name_or_path", "toy")
-        preset = preset_for_model(model)
-    parser = TrlParser((TrainScriptArguments, SageGRPOConfig))
-    if preset is not None:
-        preset_values = load_preset(preset)
-        _check_keys(preset_values, known, f"preset {preset}")
-        parser.set_defaults_with_config(**preset_values)
-    if _preflight_requested(argv, config_values):
-        # A plan for a GPU is traced on any machine: bf16 must not be refused for lack of one.
-        parser.set_defaults_with_config(use_cpu=True)
-    script_args, config = parser.parse_args_and_config(argv)
-    return script_args, config
-
-
-def _preflight_requested(argv: Sequence[str], config_values: dict[str, Any]) -> bool:
-    """Whether ``--preflight`` is on (a bare flag, ``--preflight true`` / ``=true``, or ``preflight: true``)."""
-    for index, token in enumerate(argv):
-        if token == "--preflight":
-            following = argv[index + 1] if index + 1 < len(argv) else "--"
-            return following.startswith("--") or following.lower() in ("true", "yes", "1", "t", "y")
-        if token.startswith("--preflight="):
-            return token.split("=", 1)[1].lower() in ("true", "yes", "1", "t", "y")
-    return config_values.get("preflight") is True
+    """The form of a reward spec (whether it loads is checked when the rewards are resolved, before the model)."""
+    if spec.startswith(_REWARD_PREFIXES) and not spec.split(":", 1)[1]:
+        raise ValueError(f"reward {spec!r} names no checkpoint: use 'videoalign:<folder or Hub id>'.")
+    if ":" in spec and not spec.startswith(_REWARD_PREFIXES) and not all(spec.partition(":")[::2]):
+        raise ValueError(f"reward {spec!r} is not of the form 'package.module:function'.")

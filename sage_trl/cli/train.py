@@ -17,9 +17,11 @@ from typing import Any
 
 import yaml
 
-from sage_trl.cli.arguments import TrainScriptArguments, parse_train_arguments
+from sage_trl.cli.arguments import TrainScriptArguments
+from sage_trl.cli.parsing import parse_train_arguments
 from sage_trl.cli.resolve import resolve_eval_prompts, resolve_reward, resolve_train_prompts
-from sage_trl.run_folder import RunStart, layout, plan_start
+from sage_trl.model_facts import check_model_facts
+from sage_trl.run_folder import RunFolder, RunFolderError, RunStart, check_resume, layout, plan_start
 from sage_trl.run_folder.writes import guarded_write
 
 __all__ = [
@@ -47,22 +49,30 @@ def resume_argument(value: str | bool | None) -> str | bool | None:
 
 
 def _evaluate(trainer: Any, prompts: list[str], seeds: list[int]) -> Any:
-    from sage_trl.evaluation import evaluate_policy
+    """The held-out evaluation; on the toy world it carries the world's gold measurements beside the reward."""
+    from sage_env.toy.world import parse_prompt
+    from sage_trl.evaluation import evaluate_policy, world_measures
 
     args = trainer.args
+    toy = trainer.pipeline_class == "toy" and _all_parse(prompts, parse_prompt)
     return evaluate_policy(
         trainer.backbone,
         trainer.reward,
         prompts,
         seeds,
-        num_frames=args.num_frames,
-        height=args.height,
-        width=args.width,
-        num_steps=args.num_inference_steps,
-        shift=args.shift,
-        guidance_scale=args.guidance_scale,
+        args.sampling(),
         negative_prompt=args.negative_prompt,
+        measure=world_measures if toy else None,
     )
+
+
+def _all_parse(prompts: list[str], parse: Any) -> bool:
+    try:
+        for prompt in prompts:
+            parse(prompt)
+    except ValueError:
+        return False
+    return True
 
 
 def resolved_config(script_args: TrainScriptArguments, config: Any) -> dict[str, Any]:
@@ -71,20 +81,18 @@ def resolved_config(script_args: TrainScriptArguments, config: Any) -> dict[str,
 
     # generation_batch_size is derived from steps_per_generation (TRL refuses both set): record the latter only.
     names = {f.name for f in fields(SageGRPOConfig) if f.init} - refused_fields() - {"generation_batch_size"}
+    names.discard("algorithm_args")  # the algorithm's own fields are written out, as flags and keys name them
     training = {k: v for k, v in json.loads(json.dumps(config.to_dict(), default=str)).items() if k in names}
-    return {**asdict(script_args), **training}
+    algorithm = config.algorithm_config()
+    own = {f.name: getattr(algorithm, f.name) for f in algorithm.own_fields()}
+    return {**asdict(script_args), **training, **own}
 
 
 def _write_run_config(script_args: TrainScriptArguments, config: Any, output_dir: Path) -> None:
     path = output_dir / layout.RUN_CONFIG_FILE
     with guarded_write(path.name, path, survived="nothing else was changed"):
+        RunFolder(output_dir).record(path.name)
         path.write_text(yaml.safe_dump(resolved_config(script_args, config), sort_keys=False))
-
-
-def _is_main_process() -> bool:
-    from accelerate import PartialState
-
-    return PartialState().is_main_process
 
 
 def _report_finished(start: RunStart) -> dict[str, Any]:
@@ -121,26 +129,33 @@ def prepare_training(script_args: TrainScriptArguments, config: Any) -> Prepared
     )
     if start.finished is not None:
         return PreparedRun(script_args, config, start, [], None, [], [])
+    if start.checkpoint is not None:
+        check_resume(start.checkpoint, config, script_args.peft_config())
+    check_model_facts(config, script_args.peft_config())
     rewards = [resolve_reward(spec, offload=config.reward_offload) for spec in script_args.reward]
-    train_prompts = resolve_train_prompts(script_args.dataset_name, script_args.dataset_split)
+    toy_grammar = bool({"toy", "toy_hackable"} & set(script_args.reward))  # toy rewards read the toy grammar
+    train_prompts = resolve_train_prompts(script_args.dataset_name, script_args.dataset_split, toy_grammar)
     eval_prompts, eval_seeds = resolve_eval_prompts(
-        script_args.eval_prompts, script_args.num_eval_prompts, script_args.eval_seeds
+        script_args.eval_prompts, script_args.num_eval_prompts, script_args.eval_seeds, toy_grammar
     )
     return PreparedRun(script_args, config, start, rewards, train_prompts, eval_prompts, eval_seeds)
 
 
 def execute_training(run: PreparedRun) -> dict[str, Any]:
-    """Claim the folder, write ``run_config.yaml``, train, evaluate and write the outputs; returns the summary."""
+    """Build the trainer (the model loads), check a resumed checkpoint against it, and only then claim the folder,
+    write ``run_config.yaml``, train, evaluate and write the outputs; returns the summary. A failure before the
+    claim (a model that does not load, an adapter that does not fit) leaves the folder as it was."""
     if run.start.finished is not None:
         return _report_finished(run.start)
-    main_process = _is_main_process()
-    run.start.begin(main_process=main_process)
+    trainer = _build_trainer(run)
+    if run.start.checkpoint is not None:
+        check_resume(run.start.checkpoint, trainer.args, trainer.peft_config)
+    main_process = trainer.is_world_process_zero()
+    _claim_on_every_process(run.start, trainer)
     try:
         if main_process:
             _write_run_config(run.script_args, run.config, Path(run.config.output_dir))
-        return _train_and_evaluate(
-            run.script_args, run.config, run.rewards, run.train_prompts, run.eval_prompts, run.eval_seeds
-        )
+        return _train_and_evaluate(trainer, run)
     finally:
         run.start.end()
 
@@ -150,29 +165,50 @@ def run_training(script_args: TrainScriptArguments, config: Any) -> dict[str, An
     return execute_training(prepare_training(script_args, config))
 
 
-def _train_and_evaluate(
-    script_args: TrainScriptArguments,
-    config: Any,
-    rewards: list[Any],
-    train_prompts: Any,
-    eval_prompts: list[str],
-    eval_seeds: list[int],
-) -> dict[str, Any]:
+def _claim_on_every_process(start: RunStart, trainer: Any) -> None:
+    """`RunStart.begin` once every process has validated; the main process's failure (another process holds the
+    folder, a write failed) stops every process, where the others would otherwise wait for it forever."""
+    from accelerate.utils import broadcast_object_list
+
+    trainer.accelerator.wait_for_everyone()
+    failure: list[Any] = [None]
+    try:
+        start.begin(main_process=trainer.is_world_process_zero())
+    except Exception as error:  # reported on every process below; the main process re-raises its own
+        failure = [f"{type(error).__name__}: {error}"]
+        if trainer.accelerator.num_processes == 1:
+            raise
+        broadcast_object_list(failure)
+        raise
+    if trainer.accelerator.num_processes > 1:
+        broadcast_object_list(failure)
+        if failure[0] is not None:
+            start.end()
+            raise RunFolderError(f"The main process could not claim the run folder: {failure[0]}")
+    trainer.accelerator.wait_for_everyone()
+
+
+def _build_trainer(run: PreparedRun) -> Any:
     from sage_trl import SageGRPOTrainer
     from sage_trl.outputs import StatusCallback
 
     trainer = SageGRPOTrainer(
         None,
-        rewards,
-        args=config,
-        train_dataset=train_prompts,
-        peft_config=script_args.peft_config(),
+        run.rewards,
+        args=run.config,
+        train_dataset=run.train_prompts,
+        peft_config=run.script_args.peft_config(),
         callbacks=[StatusCallback()],
     )
     _quiet_trainer_printing(trainer)
-    before = _evaluate(trainer, eval_prompts, eval_seeds) if eval_prompts else None
+    return trainer
+
+
+def _train_and_evaluate(trainer: Any, run: PreparedRun) -> dict[str, Any]:
+    config = trainer.args
+    before = _evaluate(trainer, run.eval_prompts, run.eval_seeds) if run.eval_prompts else None
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-    summary = _finish_outputs(trainer, Path(config.output_dir), before, eval_prompts, eval_seeds)
+    summary = _finish_outputs(trainer, Path(config.output_dir), before, run.eval_prompts, run.eval_seeds)
     if config.push_to_hub:
         trainer.push_to_hub()
     return summary
@@ -209,6 +245,7 @@ def _finish_outputs(
         table = summary_table(before, after)
         survived = "the trained model and training_complete.json are already written"
         with guarded_write("the held-out evaluation", output_dir, survived=survived):
+            RunFolder(output_dir).record(layout.SUMMARY_FILE, layout.EVAL_RESULTS_FILE, layout.SAMPLES_FILE)
             (output_dir / layout.SUMMARY_FILE).write_text(
                 f"# Held-out evaluation (deterministic sampling)\n\n{table}\n"
             )
@@ -230,12 +267,19 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         script_args, config = parse_train_arguments(argv)
+        if (
+            config.use_cpu
+        ):  # DeepSpeed (a dev extra) would print that it found no accelerator, on every CPU run
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         prepared = None if script_args.preflight else prepare_training(script_args, config)
     except (ValueError, OSError) as error:
         raise SystemExit(f"sage-train: error: {error}") from None
     if prepared is None:
         return _preflight(script_args, config)
-    execute_training(prepared)
+    try:
+        execute_training(prepared)
+    except RunFolderError as error:  # raised before anything trains: one line, as for the arguments
+        raise SystemExit(f"sage-train: error: {error}") from None
     return 0
 
 

@@ -96,6 +96,8 @@ def _format_value(value: Any) -> str:
 
 def _hyperparameter_rows(run: RunRecord) -> list[tuple[str, str]]:
     rows = [(label, _format_value(run.config[key])) for label, key in _HYPERPARAMETERS if key in run.config]
+    own = run.config.get("algorithm_args") or {}
+    rows += [(f"{name} (the algorithm's own)", _format_value(value)) for name, value in sorted(own.items())]
     if run.lora_config is not None:
         rows += [
             ("LoRA rank r", _format_value(run.lora_config.get("r"))),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sage_trl.hub.connection import HubPushError
 from sage_trl.hub.upload import DEFAULT_COMMIT_MESSAGE, push_output_dir
-from sage_trl.run_folder import layout
+from sage_trl.run_folder import RunFolder, layout
 
 __all__ = ["push_main"]
 
@@ -49,8 +49,11 @@ def _dry_run_dir(output_dir: str, requested: str) -> Path:
     if requested:
         return Path(requested)
     default = Path(output_dir) / layout.HUB_DRY_RUN_FOLDER
-    # Ours from an earlier dry run; never uploaded (not allow-listed).
-    shutil.rmtree(default, ignore_errors=True)
+    folder = RunFolder(output_dir)
+    if layout.HUB_DRY_RUN_FOLDER in folder.entries() and folder.owned:
+        # An earlier dry run's, recorded in the run's manifest; never uploaded (not allow-listed).
+        shutil.rmtree(default, ignore_errors=True)
+    folder.record(layout.HUB_DRY_RUN_FOLDER)
     return default
 
 

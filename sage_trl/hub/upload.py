@@ -30,7 +30,7 @@ from huggingface_hub import CommitInfo, HfApi
 from sage_trl.hub.card import ADAPTER_INFO_FILE, render_model_card, resolve_base_model
 from sage_trl.hub.connection import HubPushError, check_repo_id, connect, create_repo, hub_errors
 from sage_trl.run_folder import RunFolderError, RunRecord, layout, read_run
-from sage_trl.run_folder.record import LORA_PREFIX
+from sage_trl.run_folder.record import LORA_PREFIX, check_inside
 
 __all__ = [
     "DEFAULT_COMMIT_MESSAGE",
@@ -147,7 +147,7 @@ def build_upload_folder(
         )
     else:
         for source in sorted((run.directory / layout.TRANSFORMER_FOLDER).rglob("*")):
-            if source.is_file():
+            if check_inside(run.directory, source).is_file():
                 _place(source, staging / source.relative_to(run.directory), link)
     (staging / layout.CONFIG_FILE).write_bytes(_redacted_config(run.directory / layout.CONFIG_FILE))
     optional = [layout.METRICS_FILE, layout.EVAL_RESULTS_FILE, layout.SUMMARY_FILE, *run.curves]

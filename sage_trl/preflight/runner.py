@@ -11,7 +11,6 @@ config: offloaded text encoders after encoding, the prompt cache, VideoAlign bet
 from __future__ import annotations
 
 import copy
-import importlib
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -20,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sage_env.backbones import BACKBONES, VideoBackbone
+from sage_env.backbones import VideoBackbone, backbone_class
 from sage_trl.preflight import sequence, steps
 from sage_trl.preflight.models import (
     ModelConfigs,
@@ -76,11 +75,8 @@ class _TraceRecorder:
 
 
 def backbone_for(configs: ModelConfigs, pipeline: Any) -> VideoBackbone:
-    """The library's backbone for the pipeline class of ``configs`` (`sage_env.backbones.BACKBONES`)."""
-    if configs.pipeline_class not in BACKBONES:
-        raise ValueError(f"No backbone for {configs.pipeline_class}; supported: {', '.join(BACKBONES)}.")
-    module_name, class_name = BACKBONES[configs.pipeline_class].split(":")
-    return getattr(importlib.import_module(module_name), class_name)(pipeline)
+    """The library's backbone for the pipeline class of ``configs`` (`sage_env.backbones.backbone_class`)."""
+    return backbone_class(configs.pipeline_class)(pipeline)
 
 
 def _videoalign_base(folder: str) -> str:

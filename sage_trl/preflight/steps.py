@@ -10,7 +10,7 @@ would build for the config). Each phase function then runs one piece of a traini
 * `rollout_phase`: one denoising step of the process's videos: `sage_env.env.BackbonePolicy` (CFG velocity,
   ``rollout_batch_size`` videos per forward) and `sage_env.sde.sde_step`;
 * `decode_phase`: `VideoBackbone.decode` of the process's final latents;
-* `training_phase`: one micro-step of the loss: `agents.PolicyGradientAlgorithm.transitions` picks the (video,
+* `training_phase`: one micro-step of the loss: `agents.PolicyGradientAlgorithm.training_batch` picks the (video,
   step) pairs of one training step, the first ``micro_batch_size`` of them go through
   `agents.PolicyGradientAlgorithm.loss` (moving-anchor forward, policy forward with CFG, dual KL, equalizer),
   then backward; gradients of earlier micro-steps are already accumulated, as in every micro-step but the first;
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from agents import ALGORITHM_CLASSES, PolicyGradientAlgorithm, References
+from agents import ALGORITHM_CLASSES, Algorithm, References
 from sage_env import sde
 from sage_env.backbones import PromptConditioning, VideoBackbone
 from sage_env.env import BackbonePolicy, DenoisingVectorEnv, Trajectory
@@ -69,7 +69,7 @@ class TrainingRun:
 
     backbone: VideoBackbone
     config: Any  # the run's `sage_trl.SageGRPOConfig`
-    algorithm: PolicyGradientAlgorithm
+    algorithm: Algorithm
     references: References
     optimizer: torch.optim.Optimizer
     env: DenoisingVectorEnv
@@ -132,7 +132,7 @@ def prepare_run(
     else:
         backbone.transformer.requires_grad_(True)
     algorithm_config = config.algorithm_config()
-    algorithm = ALGORITHM_CLASSES[config.algorithm](algorithm_config)
+    algorithm = ALGORITHM_CLASSES[config.algorithm](algorithm_config, seed=config.seed)
     _wrap_mixed_precision(backbone.transformer, _autocast_dtype(config))
     training_setup.enable_memory_savers(backbone, config)
     if before_references is not None:
@@ -256,13 +256,13 @@ def training_trajectory(run: TrainingRun) -> Trajectory:
 
 
 def training_pairs(run: TrainingRun) -> Any:
-    """The (video, step) pairs of one training step (`PolicyGradientAlgorithm.transitions`)."""
+    """The (video, step) pairs of one training step (`agents.Algorithm.training_batch`)."""
     trajectory = training_trajectory(run)
     count = len(trajectory)
     # Zero-mean, as group-normalised advantages are.
     advantages = torch.linspace(-1.0, 1.0, count, device=run.backbone.device)
     usable = torch.ones(count, dtype=torch.bool, device=run.backbone.device)
-    return run.algorithm.transitions(trajectory, advantages, usable, run.backbone, on_policy=True)
+    return run.algorithm.training_batch(trajectory, advantages, usable, run.backbone, on_policy=True)
 
 
 def training_phase(run: TrainingRun, pairs: Any, micro_batch_size: int) -> int:

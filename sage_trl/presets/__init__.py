@@ -15,7 +15,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-import yaml
+from sage_trl.config_files import read_config_file
 
 __all__ = ["MODEL_PRESETS", "list_presets", "load_preset", "preset_for_model"]
 
@@ -30,26 +30,14 @@ def list_presets() -> list[str]:
     )
 
 
-def _read_yaml(path: Path, what: str) -> dict[str, Any]:
-    try:
-        values = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise ValueError(f"Cannot read {what} {path}: {error}") from error
-    if not isinstance(values, dict):
-        raise ValueError(
-            f"{what} {path} must hold a YAML mapping of field: value, got {type(values).__name__}."
-        )
-    return values
-
-
 def load_preset(name_or_path: str | os.PathLike) -> dict[str, Any]:
     """The values of a shipped preset (by name) or of a YAML file (by path)."""
     text = os.fspath(name_or_path)
     if text in list_presets():
-        return _read_yaml(Path(str(files(__name__).joinpath(f"{text}.yaml"))), "the preset")
+        return read_config_file(Path(str(files(__name__).joinpath(f"{text}.yaml"))), "the preset")
     path = Path(text).expanduser()
     if path.suffix in (".yaml", ".yml") and path.is_file():
-        return _read_yaml(path, "the preset file")
+        return read_config_file(path, "the preset file")
     raise ValueError(
         f"preset: {text!r} is neither a shipped preset ({', '.join(list_presets())}) nor an existing YAML file."
     )

@@ -21,6 +21,7 @@ __all__ = [
     "HUB_DRY_RUN_FOLDER",
     "LOCK_FILE",
     "LORA_WEIGHT_NAME",
+    "MANIFEST_FILE",
     "METRICS_FILE",
     "PROCESS_STATE_STEM",
     "REWARD_CURVE_GLOB",
@@ -60,6 +61,9 @@ REWARD_CURVE_GLOB = "reward_*.png"
 """One reward curve per component, drawn from the metrics file."""
 LOCK_FILE = ".sage-run.lock"
 """Held (``flock``) by the process that trains into the folder; the operating system releases it on exit."""
+MANIFEST_FILE = ".sage-run.json"
+"""The run folder's manifest: written when a run first claims the folder, it lists every top-level entry this
+library wrote there, so that overwriting or restarting deletes those and nothing else (`sage_trl.run_folder.manifest`)."""
 STATE_FILE = "sage_state.json"
 """In a checkpoint: the algorithm's counters, the KL controller and the rollout buffer (JSON, no pickle)."""
 STATE_TENSORS_FILE = "sage_state.safetensors"
@@ -104,7 +108,7 @@ def checkpoint_step(name: str) -> int | None:
 
 
 def is_run_entry(name: str) -> bool:
-    """True for a name the library writes into a run folder (the user's own files are never touched)."""
+    """True for a name the library may write into a run folder (what it did write is the manifest's record)."""
     return (
         name in RUN_FILES
         or checkpoint_step(name) is not None

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from sage_trl.run_folder import layout
 from sage_trl.run_folder.folder import RunFolder, RunFolderError
 
-__all__ = ["LORA_PREFIX", "RunRecord", "read_run"]
+__all__ = ["LORA_PREFIX", "RunRecord", "check_inside", "read_run"]
 
 LORA_PREFIX = "transformer"
 """Key prefix of the transformer's weights in a diffusers LoRA file (``transformer.<module>.lora_A.weight``)."""
@@ -72,6 +72,25 @@ class RunRecord:
         return dict(self.run.get("base_model") or {})
 
 
+def check_inside(directory: Path, path: Path) -> Path:
+    """``path`` if it is a regular file or folder inside ``directory`` reached without a symbolic link; a
+    `RunFolderError` otherwise. What is read from a run folder for a model card, or uploaded, stays inside it: a
+    ``summary.md`` that links to a token file must not publish the token."""
+    relative = path.relative_to(directory)
+    for depth in range(1, len(relative.parts) + 1):
+        part = directory.joinpath(*relative.parts[:depth])
+        if part.is_symlink():
+            raise RunFolderError(
+                f"{part} is a symbolic link (to {os.readlink(part)}); a run folder is read and uploaded only as the "
+                "regular files inside it. Replace the link by a copy of the file, or delete it."
+            )
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise RunFolderError(
+            f"{path} is not a regular file; a run folder holds regular files and folders only."
+        )
+    return path
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -89,7 +108,9 @@ def lora_config_from_weights(path: Path) -> dict[str, Any]:
     except Exception as error:  # safetensors raises its own error types for a truncated or foreign file
         raise RunFolderError(f"{path} is not a readable safetensors file ({error}).") from error
     if not keys or not all(key.startswith(f"{LORA_PREFIX}.") for key in keys):
-        raise RunFolderError(f"{path} holds no diffusers-format LoRA weights (keys prefixed '{LORA_PREFIX}.').")
+        raise RunFolderError(
+            f"{path} holds no diffusers-format LoRA weights (keys prefixed '{LORA_PREFIX}.')."
+        )
     raw = header.get("lora_adapter_metadata")
     if not raw:
         raise RunFolderError(
@@ -103,7 +124,9 @@ def lora_config_from_weights(path: Path) -> dict[str, Any]:
 def _transformer_class(folder: Path) -> str:
     config_path = folder / "config.json"
     if not config_path.is_file() or not any(folder.glob("*.safetensors")):
-        raise RunFolderError(f"{folder} is not a diffusers model folder (config.json and *.safetensors weights).")
+        raise RunFolderError(
+            f"{folder} is not a diffusers model folder (config.json and *.safetensors weights)."
+        )
     return str(_read_json(config_path).get("_class_name", "AutoModel"))
 
 
@@ -138,7 +161,9 @@ def _check_weights(directory: Path) -> tuple[Path, Path]:
             "push."
         )
     if not (directory / layout.CONFIG_FILE).is_file():
-        raise RunFolderError(f"{directory} has no {layout.CONFIG_FILE}; it was not written by SageGRPOTrainer.")
+        raise RunFolderError(
+            f"{directory} has no {layout.CONFIG_FILE}; it was not written by SageGRPOTrainer."
+        )
     return weights, transformer
 
 
@@ -151,6 +176,11 @@ def read_run(directory: str | os.PathLike) -> RunRecord:
     directory = Path(directory)
     if not directory.is_dir():
         raise RunFolderError(f"{directory} is not a folder; pass the output_dir of a training run.")
+    for entry in directory.iterdir():
+        if entry.name in layout.RUN_FILES or entry.match(
+            layout.REWARD_CURVE_GLOB
+        ):  # what a card reads or a push sends
+            check_inside(directory, entry)
     weights, transformer = _check_weights(directory)
     config = dict(_read_json(directory / layout.CONFIG_FILE))
     run = config.pop("run", None) or {}
@@ -167,7 +197,8 @@ def read_run(directory: str | os.PathLike) -> RunRecord:
         metrics=metrics,
         summary=summary_path.read_text() if summary_path.is_file() else None,
         curves=sorted(
-            (p.name for p in directory.glob(layout.REWARD_CURVE_GLOB)), key=lambda n: (n != "reward_total.png", n)
+            (p.name for p in directory.glob(layout.REWARD_CURVE_GLOB)),
+            key=lambda n: (n != "reward_total.png", n),
         ),
         samples=layout.SAMPLES_FILE if (directory / layout.SAMPLES_FILE).is_file() else None,
         global_step=global_step,

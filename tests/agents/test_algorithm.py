@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -59,7 +60,7 @@ def prepared(config: AlgorithmConfig):
     algorithm = PolicyGradientAlgorithm(config)
     trajectory = rollout(backbone, config)
     advantages, usable = algorithm.advantages(trajectory)
-    batch = algorithm.transitions(trajectory, advantages, usable, backbone)
+    batch = algorithm.training_batch(trajectory, advantages, usable, backbone)
     return backbone, algorithm, trajectory, batch
 
 
@@ -102,7 +103,7 @@ def test_policy_loss_equals_hand_computation(equalizer: bool) -> None:
 @pytest.mark.parametrize("strategy", ["none", "fixed", "stepwise", "moving", "dual"])
 def test_kl_strategies_change_the_loss_as_the_formulas_say(strategy: str) -> None:
     config = AlgorithmConfig(
-        kl_strategy=strategy, kl_coef_schedule="constant", beta=0.3, epsilon=None, equalizer=False
+        kl_strategy=strategy, kl_coef_schedule="constant", beta=0.3, epsilon=math.inf, equalizer=False
     )
     backbone, algorithm, _, batch = prepared(config)
     initial = copy.deepcopy(backbone)
@@ -179,7 +180,7 @@ def test_trajectory_from_another_sde_is_refused() -> None:
     algorithm = PolicyGradientAlgorithm(AlgorithmConfig())
     advantages, usable = algorithm.advantages(trajectory)
     with pytest.raises(ValueError, match="build the environment with the same values"):
-        algorithm.transitions(trajectory, advantages, usable, backbone)
+        algorithm.training_batch(trajectory, advantages, usable, backbone)
 
 
 @pytest.mark.parametrize(

@@ -17,10 +17,10 @@ def test_quick_run_trains_with_and_without_the_equalizer(tmp_path: Path) -> None
     for (_, equalizer), (run,) in results.items():
         assert run.spec.equalizer is equalizer
         assert len(run.curves["reward/total"]) == run.spec.num_updates == 1
-        assert {"vq", "mq", "ta", "total", "overall"} <= set(run.after)
+        assert {"vq", "mq", "ta", "total", "overall", "world_distance", "object_area_ratio"} <= set(run.after)
         assert run.after["overall"] == pytest.approx(
             (run.after["vq"] + run.after["mq"] + run.after["ta"]) / 3
         )
     section = section_of(tmp_path / "benchmarks.md", "equalizer_ablation")
-    assert "equalizer" in section
+    assert "equalizer" in section and "| distance to world after |" in section
     assert all(image.is_file() for image in linked_images(section, tmp_path))

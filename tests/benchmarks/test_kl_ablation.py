@@ -21,7 +21,7 @@ def test_quick_run_trains_and_measures_the_kl_gradient(tmp_path: Path) -> None:
     share = run.inspection["kl_gradient_share"]
     assert math.isnan(share) or share >= 0
     section = section_of(tmp_path / "benchmarks.md", "kl_ablation")
-    assert "The prior before training" in section
+    assert "The prior before training" in section and section.count("| distance to world |") == 2
     assert all(image.is_file() for image in linked_images(section, tmp_path))
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from benchmarks import off_manifold_drift
+from sage_env.toy.gold import distance_to_world
 from sage_env.toy.world import TOY_PROMPTS, render_video
 from tests.benchmarks.markdown_sections import linked_images, quick_arguments, section_of
 
@@ -27,6 +28,7 @@ def test_manifold_holds_every_start_position(manifold: off_manifold_drift.CleanM
     shifted = (clean + 0.1).clamp(0, 1)
     to_own, to_manifold = manifold.distances(shifted, TOY_PROMPTS[:3])
     assert (to_manifold <= to_own).all() and (to_own > 0).all()
+    torch.testing.assert_close(to_own, distance_to_world(shifted, TOY_PROMPTS[:3]))  # the gold score
 
 
 @pytest.mark.slow

@@ -20,10 +20,9 @@ from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from peft import LoraConfig
 
 import sage_env  # noqa: F401  (registers the environment ids)
-from sage_env.backbones import load_backbone
+from sage_env.backbones import load_backbone, sampling_defaults
 from sage_env.backbones.toy import TOY_PRIOR_PATH
 from sage_env.env import BackbonePolicy, DenoisingVectorEnv, run_episode
-from sage_env.models import sampling_defaults
 from sage_trl.generate import generate_videos, parse_generate_arguments
 from sage_trl.lora import add_lora, save_lora_adapter
 from tests.doubles import mean_brightness
@@ -187,9 +186,17 @@ def test_wan_has_one_default_schedule_in_env_registry_and_sage_generate(tiny_wan
     registered = registered_env("sage_env/Wan-v0", tiny_wan_path, 1)
     direct = DenoisingVectorEnv(str(tiny_wan_path), mean_brightness, **TINY_VIDEO_SIZE)
     pipeline = DiffusionPipeline.from_pretrained(tiny_wan_path)
-    pipeline(prompt=PROMPT, num_inference_steps=settings.num_steps, output_type="latent", **TINY_VIDEO_SIZE)
+    pipeline(
+        prompt=PROMPT,
+        num_inference_steps=settings.sampling.num_steps,
+        output_type="latent",
+        **TINY_VIDEO_SIZE,
+    )
     # sage-generate calls the pipeline on its own scheduler (shift None); both envs step on that scheduler's sigmas.
-    assert settings.shift is None and settings.num_steps == registered.num_steps == direct.num_steps
+    assert (
+        settings.sampling.shift is None
+        and settings.sampling.num_steps == registered.num_steps == direct.num_steps
+    )
     assert torch.equal(registered.sigmas, pipeline.scheduler.sigmas)
     assert torch.equal(direct.sigmas, pipeline.scheduler.sigmas)
     shifted = DenoisingVectorEnv(

@@ -62,7 +62,7 @@ def test_the_card_states_the_recorded_reward_not_a_guess(toy_card: ModelCard) ->
     text = toy_card.text
     assert "VideoAlign" not in text  # the toy reward's components are also named vq/mq/ta
     assert "the toy world's analytic reward" in text
-    assert "| vq (visual quality: clean background" in text and "| ta (text alignment" in text
+    assert "| vq (visual quality: the world's background" in text and "| ta (text alignment" in text
     assert "| 0.5 |" in text and "| 1 |" in text  # Setting B, as the trainer resolved it
     assert toy_card.data.base_model is None  # the toy world has no Hub repository
     assert "prompts from `toy`" not in text  # a list of prompts has no dataset name

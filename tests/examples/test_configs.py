@@ -45,6 +45,10 @@ def parse(path: Path, *overrides: str) -> tuple[TrainScriptArguments, SageGRPOCo
     return parser.parse_args_and_config(["--config", str(path), *overrides])
 
 
+TINY_LORA_RANK = 8
+"""The rank the example configs train with on the tiny pipelines (theirs, 32, exceeds the tiny layers' widths)."""
+
+
 def tiny_overrides(path: Path, tmp_path: Path, fixtures: dict[str, Path]) -> list[str]:
     """Substitute the tiny pipeline for the Hub model, a CPU-sized video, a test reward and a CPU run."""
     model = HUB_IDS[yaml.safe_load(path.read_text())["model_name_or_path"]]
@@ -58,6 +62,8 @@ def tiny_overrides(path: Path, tmp_path: Path, fixtures: dict[str, Path]) -> lis
         "--bf16=false",
         "--torch_dtype=float32",
         "--eval_prompts=none",
+        # The tiny pipelines' smallest adapted layers are 16 wide: a rank above a layer's width is refused.
+        f"--lora_r={TINY_LORA_RANK}",
     ]
 
 

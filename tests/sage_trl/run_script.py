@@ -1,10 +1,11 @@
 """A tiny SageGRPOTrainer run in its own process, for the run-safety tests that need a real process.
 
     python tests/sage_trl/run_script.py OUTPUT_DIR [--max-steps N] [--save-steps N] [--kill-at-step N]
-        [--resume] [--fill-disk-at-step N] [--hold-lock SECONDS]
+        [--kill-during-save-at-step N] [--resume] [--fill-disk-at-step N] [--hold-lock SECONDS]
 
 ``--kill-at-step N`` sends SIGKILL to itself right after step N is logged (a real ``kill -9``: no cleanup,
-no ``finally``). ``--fill-disk-at-step N`` fills the file system of OUTPUT_DIR right after step N is logged,
+no ``finally``); ``--kill-during-save-at-step N`` does so in the middle of writing checkpoint N (its weights are
+in the staging folder, its state is not). ``--fill-disk-at-step N`` fills the file system of OUTPUT_DIR right after step N is logged,
 so that step's checkpoint meets a full disk. ``--hold-lock S`` only claims OUTPUT_DIR's lock, prints ``locked``
 and sleeps S seconds.
 """
@@ -51,12 +52,27 @@ class FillDiskAt(TrainerCallback):
                 pass
 
 
+def _kill_during_save(trainer, step: int) -> None:
+    """SIGKILL once checkpoint ``step``'s weights are written and before its trainer state is."""
+    from sage_trl import _trl_compat
+
+    write_parts = _trl_compat.save_trainer_checkpoint_parts
+
+    def write_then_die(trainer_, folder):
+        if trainer_.state.global_step == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return write_parts(trainer_, folder)
+
+    _trl_compat.save_trainer_checkpoint_parts = write_then_die
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("output_dir", type=Path)
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--save-steps", type=int, default=2)
     parser.add_argument("--kill-at-step", type=int)
+    parser.add_argument("--kill-during-save-at-step", type=int)
     parser.add_argument("--fill-disk-at-step", type=int)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--hold-lock", type=float)
@@ -75,6 +91,8 @@ def main() -> None:
     )
     if cli.kill_at_step is not None:
         trainer.add_callback(KillAt(cli.kill_at_step))
+    if cli.kill_during_save_at_step is not None:
+        _kill_during_save(trainer, cli.kill_during_save_at_step)
     if cli.fill_disk_at_step is not None:
         trainer.add_callback(FillDiskAt(cli.fill_disk_at_step, cli.output_dir))
     trainer.train(resume_from_checkpoint=True if cli.resume else None)

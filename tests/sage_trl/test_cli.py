@@ -77,8 +77,8 @@ def test_reward_specs() -> None:
     assert cli.resolve_reward("tests.doubles:mean_brightness").__name__ == "mean_brightness"
     with pytest.raises(ValueError, match="cannot be imported"):
         cli.resolve_reward("tests.doubles:missing_function")
-    with pytest.raises(ValueError, match="Unknown reward"):
-        cli.TrainScriptArguments(reward=["brightest"])
+    with pytest.raises(ValueError, match="Unknown reward 'brightest'; known: toy"):
+        cli.resolve_reward("brightest")
 
 
 def test_eval_prompts_pair_every_prompt_with_every_seed(tmp_path: Path) -> None:
@@ -130,8 +130,10 @@ def test_sage_train_default_run_writes_the_output_folder(tmp_path: Path) -> None
     ]
     assert len(status_lines) == 2 and "reward" in status_lines[0] and "kl coef" in status_lines[0]
     results = json.loads((out / "eval_results.json").read_text())
-    assert set(results["before"]) == {"vq", "mq", "ta", "total"} and len(results["prompts"]) == 2
-    assert "| total |" in (out / "summary.md").read_text()
+    toy_world = {"world_distance", "object_area_ratio"}  # the gold measurements beside the toy reward
+    assert set(results["before"]) == {"vq", "mq", "ta", "total", *toy_world} and len(results["prompts"]) == 2
+    summary = (out / "summary.md").read_text()
+    assert "| total |" in summary and "| world_distance |" in summary
 
 
 def test_the_run_config_is_a_valid_config_file(tmp_path: Path) -> None:

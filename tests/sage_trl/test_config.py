@@ -1,15 +1,16 @@
-"""Each hyperparameter is declared once: the trainer's algorithm fields are generated from the agents' config."""
+"""Each hyperparameter is declared once, in a class body: the trainer's config composes the agents' config."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
+from trl import GRPOConfig
 
 from agents import ALGORITHM_CONFIGS, AlgorithmConfig
-from agents.config import AGENT_ONLY_FIELDS
 from sage_trl import SageGRPOConfig
 from sage_trl.config import ALGORITHM_FIELDS, SageGRPOFields
 
@@ -17,13 +18,29 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE = {f.name: f for f in dataclasses.fields(AlgorithmConfig)}
 
 
-def test_every_algorithm_field_is_generated_with_the_single_help_text() -> None:
+def _declared_in(config_class: type) -> set[str]:
+    """Names annotated in the class body itself (its own declarations)."""
+    return set(inspect.get_annotations(config_class))
+
+
+def test_every_field_is_declared_in_a_class_body_of_this_project_or_of_trl() -> None:
+    inspect.getsource(SageGRPOConfig)  # a real class in source, not generated
+    owners = [AlgorithmConfig, SageGRPOFields, *GRPOConfig.__mro__]
+    for config_field in dataclasses.fields(SageGRPOConfig):
+        owner = next(c for c in owners if config_field.name in _declared_in(c))
+        assert owner.__module__.split(".")[0] in ("agents", "sage_trl", "trl", "transformers"), (
+            config_field.name
+        )
+    assert not _declared_in(SageGRPOConfig)  # it composes, declaring nothing itself
+
+
+def test_the_algorithm_fields_are_the_agents_declarations() -> None:
     trainer = {f.name: f for f in dataclasses.fields(SageGRPOConfig)}
-    assert set(ALGORITHM_FIELDS) == set(BASE) - set(AGENT_ONLY_FIELDS)
+    assert set(ALGORITHM_FIELDS) == set(BASE)
     for name in ALGORITHM_FIELDS:
+        assert trainer[name] is BASE[name] or trainer[name].metadata is BASE[name].metadata, name
         assert trainer[name].default is None  # None: the chosen algorithm's (or the model's) default
-        assert trainer[name].metadata["help"].startswith(BASE[name].metadata["help"])
-        assert "Default:" in trainer[name].metadata["help"]
+        assert "help" in BASE[name].metadata and "check" in BASE[name].metadata, name
 
 
 def test_no_declaration_is_repeated() -> None:
@@ -34,18 +51,29 @@ def test_no_declaration_is_repeated() -> None:
     declared = {node.target.id for node in fields_class.body if isinstance(node, ast.AnnAssign)}
     assert not declared & set(BASE), "an algorithm field is declared in sage_trl/config.py"
     for name, config_class in ALGORITHM_CONFIGS.items():
-        for field in dataclasses.fields(config_class):
-            if field.name in BASE:  # subclasses change defaults only, never the meaning or its text
-                assert not field.metadata or field.metadata is BASE[field.name].metadata, (name, field.name)
+        assert not _declared_in(config_class) & set(BASE), name  # algorithms change `defaults`, not fields
+        assert set(config_class.defaults) == set(AlgorithmConfig.defaults), name
 
 
-def test_every_field_has_a_help_string() -> None:
+def test_every_field_has_a_help_string_and_a_check() -> None:
     for field in dataclasses.fields(SageGRPOFields):
-        if field.name in {f.name for f in dataclasses.fields(SageGRPOFields.__mro__[1])}:
+        if field.name not in _declared_in(SageGRPOFields):
             continue  # GRPOConfig's own fields keep TRL's texts
         assert field.metadata.get("help"), field.name
-    for field in dataclasses.fields(AlgorithmConfig):
-        assert len(field.metadata["help"]) > 20, field.name
+    for config_class in ALGORITHM_CONFIGS.values():
+        for field in dataclasses.fields(config_class):
+            assert len(field.metadata["help"]) > 20, field.name
+            assert field.metadata.get("check") is not None, field.name
+
+
+def test_every_algorithm_default_passes_its_own_check() -> None:
+    for name, config_class in ALGORITHM_CONFIGS.items():
+        config = config_class()
+        for field in dataclasses.fields(config):
+            assert getattr(config, field.name) is not None or field.metadata["check"].optional, (
+                name,
+                field.name,
+            )
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHM_CONFIGS))

@@ -53,7 +53,10 @@ def test_sage_generate_with_and_without_an_adapter(tmp_path: Path) -> None:
 
 def test_toy_videos_equal_an_ode_rollout_of_the_toy_env() -> None:
     settings = generate.parse_generate_arguments(["--prompt", PROMPT, "--seeds", "5", "6", "--device", "cpu"])
-    assert (settings.num_steps, settings.shift) == (TOY_ENV_DEFAULTS["num_steps"], TOY_ENV_DEFAULTS["shift"])
+    assert (settings.sampling.num_steps, settings.sampling.shift) == (
+        TOY_ENV_DEFAULTS["num_steps"],
+        TOY_ENV_DEFAULTS["shift"],
+    )
     videos = generate.generate_videos(settings)
     envs = gym.make_vec("sage_env/Toy-v0", num_envs=2, group_size=2, sde="ode", eta=0.0, array_mode="torch")
     env = envs.unwrapped
@@ -155,7 +158,9 @@ class _Payload:
 
 
 @pytest.mark.parametrize("planted", [LORA_WEIGHT_NAME, "pytorch_lora_weights.bin"])
-def test_a_planted_pickle_as_adapter_is_refused_and_runs_nothing(planted: str, tmp_path: Path, capsys) -> None:
+def test_a_planted_pickle_as_adapter_is_refused_and_runs_nothing(
+    planted: str, tmp_path: Path, capsys
+) -> None:
     adapter, marker = tmp_path / "adapter", tmp_path / "payload-ran"
     adapter.mkdir()
     torch.save({"transformer.blocks.0.attn1.to_q.lora_A.weight": _Payload(marker)}, adapter / planted)
@@ -170,7 +175,10 @@ def test_a_planted_pickle_in_a_wan_adapter_runs_nothing(tiny_wan_path: Path, tmp
     """Wan adapters load through ``pipe.load_lora_weights``, which falls back to ``.bin`` files."""
     adapter, marker = tmp_path / "adapter", tmp_path / "payload-ran"
     adapter.mkdir()
-    torch.save({"transformer.blocks.0.attn1.to_q.lora_A.weight": _Payload(marker)}, adapter / "pytorch_lora_weights.bin")
+    torch.save(
+        {"transformer.blocks.0.attn1.to_q.lora_A.weight": _Payload(marker)},
+        adapter / "pytorch_lora_weights.bin",
+    )
     with pytest.raises(ValueError, match="adapter"):
         load_backbone(str(tiny_wan_path)).load_lora_weights(adapter)
     assert not marker.exists()

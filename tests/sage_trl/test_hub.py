@@ -611,3 +611,44 @@ def test_uploaded_adapter_loads_into_a_tiny_wan_pipeline(
         trained_output = trainer.backbone.transformer(**inputs)[0]
     torch.testing.assert_close(loaded, trained_output)
     assert not torch.allclose(base, trained_output, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_sage_train_push_to_hub_publishes_the_finished_run(tmp_path: Path, hub: FakeHub) -> None:
+    """The flag the README documents, through the command the user types (it trained, then exited 1 on 2dec1df)."""
+    import os
+    import subprocess
+
+    from tests.sage_trl.test_run_folder_rules import TOY_SMALL
+
+    output = tmp_path / "run"
+    environment = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_write", "OMP_NUM_THREADS": "1"}
+    command = ["sage-train", "--output_dir", str(output), *TOY_SMALL, "--push_to_hub", "true",
+               "--hub_model_id", "tester/toy-lora", "--hub_license", "mit"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    repo = hub.repos["tester/toy-lora"]
+    assert {LORA_WEIGHT_NAME, "README.md", "sage_config.json", "summary.md"} <= set(repo.files)
+    assert repo.commits[-1][0] == "End of training"
+    card = ModelCard(repo.files["README.md"].decode())
+    assert card.data.license == "mit"
+    assert json.loads(repo.files["sage_config.json"])["run"]["base_model"]["pipeline_class"] == "toy"
+
+
+@pytest.mark.parametrize("linked", ["summary.md", LORA_WEIGHT_NAME])
+def test_a_symlinked_file_pushes_nothing_from_outside_the_run(
+    run_dir: Path, tmp_path: Path, hub: FakeHub, capsys, linked: str
+) -> None:
+    """A ``summary.md`` linking to a token file uploaded the token, in the file and in the card, on 2dec1df."""
+    run = copy_run(run_dir, tmp_path / "run")
+    secret = tmp_path / "secret-token"
+    secret.write_text("hf_SECRET_TOKEN_VALUE")
+    (run / linked).unlink()
+    (run / linked).symlink_to(secret)
+    arguments = [str(run), "--repo-id", "tester/linked", "--license", "mit", "--token", "hf_write"]
+    assert push_main([*arguments, "--endpoint", hub.url]) != 0
+    assert push_main([*arguments, "--dry-run", str(tmp_path / "dry")]) != 0
+    assert "symbolic link" in capsys.readouterr().err
+    assert "tester/linked" not in hub.repos
+    dry = tmp_path / "dry"
+    assert not dry.exists() or all(b"SECRET" not in p.read_bytes() for p in dry.rglob("*") if p.is_file())

@@ -60,10 +60,20 @@ def reference(tiny_wan_path: Path, tmp_path_factory) -> dict[str, torch.Tensor]:
     return train_one_step(tiny_wan_path, tmp_path_factory.mktemp("reference"))[1]
 
 
-def assert_same_update(weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+ROUNDING_ATOL = 1e-5
+"""Savers that run the same arithmetic in another order of operations: the update agrees to float rounding."""
+BATCHING_ATOL = 1e-4
+"""``rollout_batch_size`` changes the batch of each rollout forward, so the kernels sum in another order: rewards
+differ by ~1e-7, and the group normalisation divides by this tiny reward's spread (std ~1.6e-4 here), which turns
+that into differences of up to 2e-5 in the update (measured; a wrong update differs by 1e-3 and more)."""
+
+
+def assert_same_update(
+    weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], atol: float = ROUNDING_ATOL
+) -> None:
     assert weights.keys() == reference.keys()
     for name in reference:
-        torch.testing.assert_close(weights[name], reference[name], rtol=0, atol=1e-5)
+        torch.testing.assert_close(weights[name], reference[name], rtol=0, atol=atol)
 
 
 @pytest.mark.slow
@@ -90,7 +100,7 @@ def test_saver_leaves_the_update_unchanged(
     tiny_wan_path: Path, tmp_path: Path, reference, saver: dict
 ) -> None:
     trainer, weights = train_one_step(tiny_wan_path, tmp_path, **saver)
-    assert_same_update(weights, reference)
+    assert_same_update(weights, reference, BATCHING_ATOL if "rollout_batch_size" in saver else ROUNDING_ATOL)
     if saver.get("gradient_checkpointing"):
         assert trainer.backbone.transformer.is_gradient_checkpointing
     if saver.get("vae_tiling"):

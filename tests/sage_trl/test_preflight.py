@@ -127,9 +127,7 @@ def test_full_size_plans_of_the_example_configs_back_their_claims(
     name: str, gpu: str, weights_bytes: float
 ) -> None:
     script_args, config = example(name)
-    plan = plan_training(
-        config, lora_config=script_args.peft_config(), gpu=gpu, rewards=script_args.reward
-    )
+    plan = plan_training(config, lora_config=script_args.peft_config(), gpu=gpu, rewards=script_args.reward)
     assert plan.fits, plan.format()  # "one 80 GB GPU" / "one 24 GB GPU", margins included
     kinds = {kind.name: kind for kind in plan.kinds}
     assert kinds["transformer weights"].num_bytes == pytest.approx(weights_bytes, rel=0.01)
@@ -150,7 +148,7 @@ def test_full_size_plans_of_the_example_configs_back_their_claims(
         phases["rollout step"].flops > 0
         and phases["training micro-step"].flops > phases["rollout step"].flops / 8
     )
-    assert plan.trace_seconds < 120
+    assert plan.trace_seconds > 0  # its duration is benchmarks.gpu_memory's to report, not a test's to time
     text = plan.format()
     assert "Fits in" in text and "traced, not measured" in text
 

@@ -243,6 +243,24 @@ def test_a_reward_failing_on_every_sample_stops_the_run(tmp_path: Path) -> None:
     assert not (run_dir(tmp_path) / layout.COMPLETE_FILE).exists()
 
 
+def test_a_rollout_without_a_valid_reward_changes_no_weight_and_says_why(tmp_path: Path, caplog) -> None:
+    """A float64 reward of 1e300 became inf, every sample was invalid, and the step still moved the weights (Adam's
+    momentum and weight decay act on zero gradients) on 2dec1df."""
+
+    def overflowing(videos: torch.Tensor, prompts: list[str], **kwargs: object) -> torch.Tensor:
+        return torch.full((len(prompts),), 1e300, dtype=torch.float64)
+
+    trainer = make_trainer(tmp_path, reward=overflowing, max_steps=1, weight_decay=0.1)
+    before = named_params(trainer.backbone.transformer)
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert named_params(trainer.backbone.transformer).keys() == before.keys()
+    assert all(torch.equal(named_params(trainer.backbone.transformer)[n], before[n]) for n in before)
+    record = comparable_metrics(run_dir(tmp_path))[0]
+    assert record["reward/update_dropped"] == 1.0 and record["reward/invalid_count"] == 8.0
+    assert "beyond float32's range" in caplog.text and "trains nothing" in caplog.text
+
+
 def test_one_failed_reward_batch_is_tolerated_and_counted(tmp_path: Path) -> None:
     calls = {"count": 0}
     rollout_size = 8  # per_device_train_batch_size 4 x steps_per_generation 2

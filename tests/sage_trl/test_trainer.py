@@ -62,7 +62,7 @@ def test_gradient_checkpointing_maps_to_diffusers(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"algorithm": "ppo"}, "Unknown algorithm"),
+        ({"algorithm": "ppo"}, "algorithm: Unknown algorithm 'ppo'"),
         ({"use_vllm": True}, "vLLM"),
         ({"sde_window": [3, 9]}, "sde_window"),
         ({"reward_component_weights": "{vq: 1"}, "JSON"),
@@ -254,3 +254,12 @@ def test_crash_while_checkpointing_keeps_the_previous_checkpoint(tmp_path: Path,
     assert (run_dir / "checkpoint-2" / "sage_state.json").is_file()
     assert (run_dir / "checkpoint-2" / LORA_WEIGHT_NAME).is_file()
     assert os.path.isdir(run_dir / "tmp-checkpoint-4")  # the partial write never became a checkpoint
+
+
+def test_the_runs_seed_seeds_the_timestep_selection(tmp_path: Path) -> None:
+    """The algorithm's generator follows TRL's seed (it was left at 0 for every seed once)."""
+    states = [
+        make_trainer(tmp_path / str(seed), seed=seed).algorithm.generator.get_state() for seed in (0, 1)
+    ]
+    assert not torch.equal(*states)
+    assert torch.equal(states[0], torch.Generator().manual_seed(0).get_state())

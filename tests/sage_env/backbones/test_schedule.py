@@ -8,11 +8,10 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
 from sage_env import sde
-from sage_env.backbones import load_backbone
+from sage_env.backbones import load_backbone, sampling_defaults
 from sage_env.backbones.hunyuan import HunyuanVideo15Backbone
 from sage_env.backbones.pipeline import PipelineBackbone
 from sage_env.backbones.wan import WanBackbone
-from sage_env.models import sampling_defaults
 from tests.fixtures.tiny_pipelines import (
     TINY_VIDEO_SIZE,
     build_tiny_hunyuan_pipeline,

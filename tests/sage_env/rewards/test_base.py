@@ -362,7 +362,9 @@ def test_bad_reward_funcs() -> None:
     with pytest.raises(ValueError, match="non-empty list of callables"):
         CompositeReward([])
     with pytest.raises(ValueError, match="non-empty list of callables"):
-        CompositeReward([brightness, "brightness"])
+        CompositeReward([brightness, 42])
+    with pytest.raises(ValueError, match="Unknown reward 'brightness'; known: toy"):
+        CompositeReward([brightness, "brightness"])  # a string is a reward's registered name
     with pytest.raises(ValueError, match="distinct names"):
         CompositeReward([brightness, brightness])
 

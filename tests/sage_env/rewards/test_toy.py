@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from sage_env.rewards import CompositeReward
-from sage_env.rewards.toy import ToyReward, ToyRewardDetails, toy_overall_score
+from sage_env.rewards.toy import HackableToyReward, ToyReward, ToyRewardDetails, toy_overall_score
 from sage_env.toy.world import BACKGROUND_LEVEL, TOY_COLOURS, TOY_PROMPTS, render_videos
 
 PROMPTS = list(TOY_PROMPTS[::4])  # 8 prompts covering every colour and direction
@@ -71,7 +71,12 @@ def test_opposite_direction_in_the_prompt_halves_text_alignment_only(clean):
     assert details.colour_correct.all() and not details.direction_correct.any()
     assert (details.direction_probability < 1e-5).all()
     assert (details.ta - 0.5).abs().max() < 1e-4
-    assert (details.vq == 1).all() and (details.mq == 1).all()
+    assert (details.vq == 1).all()
+    for term in (details.smooth_track, details.persistent_object, details.steady_speed):
+        assert (term == 1).all()
+    # The world starts an object on the side it moves away from: a left-moving video starts where no right-moving
+    # one does.
+    assert (details.start_in_range < 1).all()
 
 
 def test_colour_is_read_from_the_pixels():
@@ -117,12 +122,17 @@ def test_noise_lowers_visual_quality_monotonically(clean):
     assert noisy["ta"] > 0.99 and noisy["mq"] > 0.95  # the object is as clear as before
 
 
-def test_visual_quality_measures_background_spread_not_level(clean):
-    # docs/design.md: a level-based term was gamed by darkening the background. A darker (or brighter) clean
-    # background must score as well as the world's own grey.
+def test_the_hackable_reward_measures_background_spread_not_level(clean):
+    # A darker (or brighter) clean background scores as well as the world's own grey: one of the holes of the proxy.
     for level in (0.0, 0.1, 0.4):
         recoloured = torch.where(clean == BACKGROUND_LEVEL, torch.full_like(clean, level), clean)
-        torch.testing.assert_close(ToyReward()(recoloured, PROMPTS)["vq"], torch.ones(len(PROMPTS)))
+        torch.testing.assert_close(HackableToyReward()(recoloured, PROMPTS)["vq"], torch.ones(len(PROMPTS)))
+
+
+def test_a_background_off_the_worlds_grey_lowers_visual_quality(clean):
+    for level in (0.0, 0.1, 0.4):
+        recoloured = torch.where(clean == BACKGROUND_LEVEL, torch.full_like(clean, level), clean)
+        assert (ToyReward().evaluate(recoloured, PROMPTS).clean_background < 0.1).all(), level
 
 
 def test_background_flicker_lowers_visual_quality(clean):
@@ -144,7 +154,7 @@ def test_an_empty_video_scores_zero_where_an_object_is_needed():
     empty = torch.full((2, 8, 3, 16, 16), BACKGROUND_LEVEL)
     details = ToyReward().evaluate(empty, PROMPTS[:2])
     assert (details.presence == 0).all() and (details.ta == 0).all() and (details.mq == 0).all()
-    torch.testing.assert_close(details.vq, torch.full((2,), 1 / 3))  # clean background, no object
+    torch.testing.assert_close(details.vq, torch.full((2,), 1 / 5))  # the world's background, no object
 
 
 # -- protocol --------------------------------------------------------------------------------------

@@ -21,49 +21,52 @@ from tests.doubles import LinearBackbone, mean_brightness
 ROOT = Path(__file__).resolve().parents[3]
 
 
-class HalfDanceSDE(sde.SDE):
-    """A toy SDE type for the test: DanceGRPO's rule at half the variance."""
+class QuarterDanceSDE(sde.SDE):
+    """A toy SDE type for the test, registered in-process: DanceGRPO's rule at a quarter of the variance (the
+    example plug-in package declares another, ``half_dance``, as an entry point)."""
 
-    name = "half_dance"
-    notes = "half of DanceGRPO's variance (test only)"
+    name = "quarter_dance"
+    notes = "a quarter of DanceGRPO's variance (test only)"
     reference = "tests/sage_env/sde/test_registry.py"
 
     def variance(self, sigma: torch.Tensor, sigma_next: torch.Tensor, eta: float) -> torch.Tensor:
-        return 0.5 * eta**2 * (sigma - sigma_next)
+        return eta**2 * (sigma - sigma_next) / 4
 
 
 @pytest.fixture
-def half_dance() -> Iterator[sde.SDE]:
-    unit = sde.register_sde(HalfDanceSDE())
+def quarter_dance() -> Iterator[sde.SDE]:
+    unit = sde.register_sde(QuarterDanceSDE())
     try:
         yield unit
     finally:
         sde.SDE_REGISTRY.pop(unit.name)
 
 
-def test_a_new_sde_type_is_one_class_and_its_registration(half_dance: sde.SDE) -> None:
-    assert "half_dance" in sde.stochastic_sde_types()
+def test_a_new_sde_type_is_one_class_and_its_registration(quarter_dance: sde.SDE) -> None:
+    assert "quarter_dance" in sde.stochastic_sde_types()
     step = sde.sde_step(
-        "half_dance", torch.randn(2, 3), torch.randn(2, 3), 0.6, 0.5, 0.8, x_next=torch.zeros(2, 3)
+        "quarter_dance", torch.randn(2, 3), torch.randn(2, 3), 0.6, 0.5, 0.8, x_next=torch.zeros(2, 3)
     )
-    torch.testing.assert_close(step.std, torch.full((2,), (0.5 * 0.64 * 0.1) ** 0.5))
+    torch.testing.assert_close(step.std, torch.full((2,), (0.25 * 0.64 * 0.1) ** 0.5))
     assert torch.isfinite(
-        sde.gradient_scale("half_dance", torch.tensor([0.6]), torch.tensor([0.5]), 0.8)
+        sde.gradient_scale("quarter_dance", torch.tensor([0.6]), torch.tensor([0.5]), 0.8)
     ).all()
     env = DenoisingVectorEnv(
         LinearBackbone(), mean_brightness, ["a", "b"], num_envs=4, group_size=2, num_frames=2, height=4, width=4,
-        num_steps=3, shift=1.0, sde="half_dance", eta=0.8, array_mode="torch",
+        num_steps=3, shift=1.0, sde="quarter_dance", eta=0.8, array_mode="torch",
     )  # fmt: skip
-    agent = agents.make("reinforce", policy=env.backbone, sde="half_dance", eta=0.8)
+    agent = agents.make("reinforce", policy=env.backbone, sde="quarter_dance", eta=0.8)
     metrics = agent.update(run_episode(env, BackbonePolicy(env.backbone), seed=0))
     assert metrics["rollout/exploration_std"] > 0 and "policy_loss" in metrics
 
 
-def test_unknown_and_duplicate_sde_types_are_refused(half_dance: sde.SDE) -> None:
-    with pytest.raises(ValueError, match="choose one of sage, flow_grpo, dance_grpo, cps, ode, half_dance"):
+def test_unknown_and_duplicate_sde_types_are_refused(quarter_dance: sde.SDE) -> None:
+    with pytest.raises(
+        ValueError, match=r"Unknown SDE type 'langevin'; known: cps, dance_grpo, .*quarter_dance"
+    ):
         sde.get_sde("langevin")
     with pytest.raises(ValueError, match="already registered"):
-        sde.register_sde(HalfDanceSDE())
+        sde.register_sde(QuarterDanceSDE())
 
 
 _NAME_BRANCH = re.compile(

@@ -10,10 +10,9 @@ import torch
 import sage_env  # noqa: F401  (registers the environment ids)
 from sage_env.backbones import load_backbone
 from sage_env.backbones.toy import ToyBackbone
-from sage_env.env import BackbonePolicy
+from sage_env.env import BackbonePolicy, sample_videos
 from sage_env.rewards.toy import ToyReward
 from sage_env.toy.env import TOY_ENV_DEFAULTS, make_toy_vector_env
-from sage_env.toy.sampling import sample_videos
 from sage_env.toy.world import TOY_TRAIN_PROMPTS
 
 
@@ -47,7 +46,7 @@ def test_env_rollout_equals_sample_videos_with_the_same_seeds(prior):
     prompts, seeds = ["a red square moving right", "a blue circle moving up"], [5, 6, 7, 8]
     result = roll_out(make_toy_vector_env(num_envs=4, group_size=2, backbone=prior), seeds, prompts)
     expected = sample_videos(
-        prior, [p for p in prompts for _ in range(2)], seeds, sde_type="sage", eta=0.7, sde_steps=5
+        prior, [p for p in prompts for _ in range(2)], seeds, sde_type="sage", eta=0.7, sde_window=(0, 5)
     )
     torch.testing.assert_close(result["trajectory"].videos, expected)
     assert not torch.equal(expected[0], expected[1])  # same prompt, different seeds
@@ -69,18 +68,23 @@ def test_keywords_override_the_defaults(prior):
 
 def test_sample_videos_is_deterministic_and_independent_of_the_batch(prior):
     prompts = ["a green square moving left", "a yellow circle moving down", "a red circle moving up"]
-    batch = sample_videos(prior, prompts, [1, 2, 3], sde_type="sage", eta=0.7, sde_steps=5)
-    alone = sample_videos(prior, prompts[1:2], [2], sde_type="sage", eta=0.7, sde_steps=5)
+    batch = sample_videos(prior, prompts, [1, 2, 3], sde_type="sage", eta=0.7, sde_window=(0, 5))
+    alone = sample_videos(prior, prompts[1:2], [2], sde_type="sage", eta=0.7, sde_window=(0, 5))
     assert batch.shape == (3, 8, 3, 16, 16) and batch.min() >= 0 and batch.max() <= 1
     torch.testing.assert_close(batch[1:2], alone, atol=1e-5, rtol=0)
-    assert torch.equal(batch, sample_videos(prior, prompts, [1, 2, 3], sde_type="sage", eta=0.7, sde_steps=5))
+    assert torch.equal(
+        batch, sample_videos(prior, prompts, [1, 2, 3], sde_type="sage", eta=0.7, sde_window=(0, 5))
+    )
 
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
         ({"prompts": ["a red square moving left"], "seeds": [1, 2]}, "one seed per prompt"),
-        ({"prompts": ["a red square moving left"], "seeds": [1], "sde_steps": 11}, "sde_steps must lie in"),
+        (
+            {"prompts": ["a red square moving left"], "seeds": [1], "sde_window": (0, 11)},
+            "sde_window .* must satisfy",
+        ),
         ({"prompts": ["a red square moving left"], "seeds": [1], "sde_type": "langevin"}, "Unknown SDE type"),
     ],
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from sage_env.backbones import load_backbone
+from sage_env.env import sample_videos
 from sage_env.rewards.toy import ToyReward
-from sage_env.toy.sampling import sample_videos
 from sage_env.toy.world import TOY_EVAL_PROMPTS
 
 SEEDS = (0, 1)
