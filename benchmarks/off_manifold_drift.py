@@ -35,7 +35,7 @@ from sage_env.env import BackbonePolicy, Trajectory
 from sage_env.models import TOY_SAMPLING_DEFAULTS
 from sage_env.rewards.toy import ToyReward
 from sage_env.toy.env import make_toy_vector_env
-from sage_env.toy.gold import clean_renders, distance_to_world
+from sage_env.toy.gold import clean_renders, distance_to_world, rms_distances
 from sage_env.toy.world import TOY_HEIGHT, TOY_NUM_FRAMES, TOY_PROMPTS, TOY_TRAIN_PROMPTS, TOY_WIDTH
 
 NAME = "off_manifold_drift"
@@ -66,10 +66,7 @@ class CleanManifold:
         """RMS pixel distance of each video to the nearest clean render of its prompt (the gold score,
         `sage_env.toy.gold.distance_to_world`), and of any prompt."""
         flat = videos.detach().float().cpu().flatten(1)
-        exact = torch.cdist(
-            flat, self.videos, compute_mode="donot_use_mm_for_euclid_dist"
-        )  # as the gold score
-        to_any = (exact / flat.shape[1] ** 0.5).min(dim=1).values
+        to_any = rms_distances(flat, self.videos).min(dim=1).values
         return distance_to_world(videos, list(prompts)), to_any
 
 

@@ -152,9 +152,8 @@ class PluginGroup:
             source = f"{entry_point.value} (from the distribution {_distribution(entry_point)})"
             try:
                 loaded = entry_point.load()
-            except (
-                Exception
-            ) as error:  # a plug-in's import may fail any way; report it, naming its distribution
+            # a plug-in's import may fail any way: report it, naming its distribution
+            except Exception as error:
                 raise PluginError(
                     f"The {self.kind} {name!r} could not be loaded from {source}: {type(error).__name__}: {error}."
                 ) from error

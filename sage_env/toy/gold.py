@@ -33,7 +33,14 @@ from sage_env.toy.world import (
     start_positions,
 )
 
-__all__ = ["ToyGoldReport", "clean_renders", "distance_to_world", "gold_report", "world_object_area"]
+__all__ = [
+    "ToyGoldReport",
+    "clean_renders",
+    "distance_to_world",
+    "gold_report",
+    "rms_distances",
+    "world_object_area",
+]
 
 _OBJECT_FRACTION = 0.5
 """A pixel is object when its colour is farther from the background grey than this fraction of the distance from
@@ -53,6 +60,13 @@ def clean_renders(prompt: str, num_frames: int, height: int, width: int) -> torc
     return _clean_renders(parse_prompt(prompt).text, num_frames, height, width)
 
 
+def rms_distances(flat_videos: torch.Tensor, flat_renders: torch.Tensor) -> torch.Tensor:
+    """``(B, M)`` RMS pixel distance between each of ``B`` flattened videos and each of ``M`` flattened renders."""
+    # Exact differences, not |x|^2 + |y|^2 - 2xy: a video's distance must not depend on its batch.
+    exact = torch.cdist(flat_videos, flat_renders, compute_mode="donot_use_mm_for_euclid_dist")
+    return exact / flat_videos.shape[1] ** 0.5
+
+
 def distance_to_world(videos: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
     """``(B,)`` RMS pixel distance of each video ``(B, F, 3, H, W)`` to the nearest clean render of its prompt."""
     if isinstance(prompts, str) or len(prompts) != videos.shape[0]:
@@ -63,12 +77,7 @@ def distance_to_world(videos: torch.Tensor, prompts: Sequence[str]) -> torch.Ten
     for prompt in set(prompts):
         rows = torch.tensor([p == prompt for p in prompts])
         renders = clean_renders(prompt, *size).flatten(1)
-        # Exact differences, not |x|^2 + |y|^2 - 2xy: a video's distance must not depend on its batch.
-        rms = (
-            torch.cdist(flat[rows], renders, compute_mode="donot_use_mm_for_euclid_dist")
-            / flat.shape[1] ** 0.5
-        )
-        distances[rows] = rms.min(dim=1).values
+        distances[rows] = rms_distances(flat[rows], renders).min(dim=1).values
     return distances
 
 

@@ -267,9 +267,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         script_args, config = parse_train_arguments(argv)
-        if (
-            config.use_cpu
-        ):  # DeepSpeed (a dev extra) would print that it found no accelerator, on every CPU run
+        # DeepSpeed (a dev extra) would print that it found no accelerator, on every CPU run
+        if config.use_cpu:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         prepared = None if script_args.preflight else prepare_training(script_args, config)
     except (ValueError, OSError) as error:

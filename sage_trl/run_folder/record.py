@@ -177,9 +177,8 @@ def read_run(directory: str | os.PathLike) -> RunRecord:
     if not directory.is_dir():
         raise RunFolderError(f"{directory} is not a folder; pass the output_dir of a training run.")
     for entry in directory.iterdir():
-        if entry.name in layout.RUN_FILES or entry.match(
-            layout.REWARD_CURVE_GLOB
-        ):  # what a card reads or a push sends
+        # what a card reads or a push sends
+        if entry.name in layout.RUN_FILES or entry.match(layout.REWARD_CURVE_GLOB):
             check_inside(directory, entry)
     weights, transformer = _check_weights(directory)
     config = dict(_read_json(directory / layout.CONFIG_FILE))

@@ -78,9 +78,8 @@ class RunStart:
             return self
         try:
             self._lock = acquire_lock(self.folder.path)
-            if (
-                not self.folder.owned
-            ):  # new, or a run of an earlier version being resumed: its entries are the run's
+            # new, or a run of an earlier version being resumed: its entries are the run's
+            if not self.folder.owned:
                 create_manifest(
                     self.folder.path, self.folder.entries() if self.checkpoint is not None else []
                 )

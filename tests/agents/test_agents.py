@@ -118,9 +118,8 @@ def test_published_defaults_of_the_built_in_algorithms() -> None:
     assert (flow.sde, flow.eta, flow.kl_strategy, flow.epsilon) == ("flow_grpo", 0.7, "fixed", 1e-4)
     assert (dance.sde, dance.kl_strategy, dance.timestep_fraction) == ("dance_grpo", "none", 0.6)
     assert (cps.sde, cps.log_prob_kind) == ("cps", "cps")
-    assert (
-        configs["reinforce"].epsilon == math.inf and configs["ddpo"].stat_buffer_size == 16
-    )  # inf: no clipping
+    # inf: no clipping
+    assert configs["reinforce"].epsilon == math.inf and configs["ddpo"].stat_buffer_size == 16
 
 
 # -- env and agent agree on the SDE by construction --------------------------------------------------------
