@@ -3,21 +3,25 @@
 ``agents.make(name, env=envs, **config)`` builds an agent for an environment (its backbone as the policy, its SDE
 settings; or ``policy=backbone``). Algorithms are found by name in any installed package (entry-point group
 ``sage_grpo.algorithms``, `agents.registry`); ``agents.register(name, factory)`` adds a custom agent in-process.
-Built-ins: ``sage_grpo`` (the paper), ``flow_grpo``, ``dance_grpo``, ``cps``, ``ddpo``, ``reinforce``; all share
-one implementation of the math (`agents.algorithm`), which the TRL trainer (`sage_trl`) uses too; every algorithm,
-built in or installed, is an `agents.Algorithm`.
+Built-ins: the policy gradients over SDE transitions ``sage_grpo`` (the paper), ``flow_grpo``, ``dance_grpo``,
+``cps``, ``ddpo``, ``reinforce`` and ``mix_grpo`` (one implementation of their math, `agents.algorithm`), and the
+likelihood-free ``diffusion_nft`` and ``awm`` (`agents.likelihood_free`). The TRL trainer (`sage_trl`) drives them
+too; every algorithm, built in or installed, is an `agents.Algorithm`.
 """
 
 from agents.algorithm import (
     KL_STRATEGIES,
     Algorithm,
     AlgorithmConfig,
+    FinalSampleBatch,
     PolicyGradientAlgorithm,
     References,
+    RowBatch,
+    ScoredTrajectory,
     TrainingBatch,
     TransitionBatch,
 )
-from agents.base import Agent, AgentSettings, PolicyGradientAgent
+from agents.base import Agent, AgentSettings, AlgorithmAgent, PolicyGradientAgent
 from agents.cps import CPSAgentConfig
 from agents.dance_grpo import DanceGRPOAgentConfig
 from agents.ddpo import DDPOAgentConfig, DDPOAlgorithm
@@ -50,18 +54,22 @@ __all__ = [
     "Agent",
     "AgentSettings",
     "Algorithm",
+    "AlgorithmAgent",
     "AlgorithmConfig",
     "AlgorithmSpec",
     "CPSAgentConfig",
     "DDPOAgentConfig",
     "DDPOAlgorithm",
     "DanceGRPOAgentConfig",
+    "FinalSampleBatch",
     "FlowGRPOAgentConfig",
     "PolicyGradientAgent",
     "PolicyGradientAlgorithm",
     "References",
     "ReinforceAgentConfig",
+    "RowBatch",
     "SageGRPOAgentConfig",
+    "ScoredTrajectory",
     "TrainingBatch",
     "TransitionBatch",
     "algorithm_spec",

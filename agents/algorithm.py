@@ -1,21 +1,24 @@
 """The one algorithm interface (`Algorithm`) and the policy-gradient family that implements it.
 
 An algorithm turns a finished `sage_env.Trajectory` into advantages, a training batch of its own choosing
-(`TrainingBatch`), and a differentiable loss on that batch. It owns no optimizer: `agents.base.PolicyGradientAgent`
+(`TrainingBatch`), and a differentiable loss on that batch. It owns no optimizer: `agents.base.AlgorithmAgent`
 (a plain gymnasium loop) and `sage_trl.SageGRPOTrainer` (TRL/accelerate) drive any `Algorithm` through the same
 calls, in the same order:
 
-1. ``advantages(trajectory)`` (the trainer calls ``compute_advantages`` on every process's rewards gathered);
+0. ``rollout_options(num_steps)`` before each rollout: the environment ``reset`` options the algorithm's schedule needs
+   (MixGRPO's moving SDE window; none for most);
+1. ``advantages(trajectory)`` (the trainer calls ``compute_advantages`` on every process's rewards gathered), kept
+   with the trajectory as a `ScoredTrajectory` (the one form a rollout takes from the environment to the loss);
 2. ``training_batch(trajectory, advantages, usable, policy, on_policy)`` once per pass over the rollout, split by
    the driver with ``batch.select`` / ``batch.chunks`` into minibatches and micro-batches;
 3. ``loss(policy, micro_batch, references)``, backpropagated by the driver;
 4. ``after_optimizer_step(kl_value, references)`` after each optimizer step;
 5. ``state_dict`` / ``load_state_dict`` in checkpoints.
 
-The batch is the algorithm's: `PolicyGradientAlgorithm` (SAGE-GRPO, Flow-GRPO, DanceGRPO, CPS, DDPO, REINFORCE)
-trains on (sample, timestep) transitions with their rollout log-probabilities (`TransitionBatch`); an algorithm
-that needs no transition likelihood (it trains on the final samples by noising them itself) returns a batch of
-final latents, rewards and conditioning instead, and its loss does its own forward noising from ``generator``.
+The batch is the algorithm's: `PolicyGradientAlgorithm` (SAGE-GRPO, Flow-GRPO, DanceGRPO, CPS, DDPO, REINFORCE,
+MixGRPO) trains on (sample, timestep) transitions with their rollout log-probabilities (`TransitionBatch`); an
+algorithm that needs no transition likelihood (DiffusionNFT, AWM: `agents.likelihood_free`) trains on the final
+samples, noised again by the forward process (`FinalSampleBatch`).
 """
 
 from __future__ import annotations
@@ -39,8 +42,11 @@ __all__ = [
     "KL_STRATEGIES",
     "Algorithm",
     "AlgorithmConfig",
+    "FinalSampleBatch",
     "PolicyGradientAlgorithm",
     "References",
+    "RowBatch",
+    "ScoredTrajectory",
     "TrainingBatch",
     "TransitionBatch",
 ]
@@ -59,8 +65,33 @@ class TrainingBatch(Protocol):
     def chunks(self, size: int) -> Iterator[TrainingBatch]: ...
 
 
+class RowBatch:
+    """Rows of a training batch as a dataclass of ``(M, ...)`` tensors plus ``conditioning``: `select` and `chunks`
+    for any such dataclass (`TransitionBatch`, `FinalSampleBatch`, or an algorithm's own)."""
+
+    conditioning: PromptConditioning
+    sample_index: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.sample_index.shape[0]
+
+    def select(self, index: torch.Tensor) -> RowBatch:
+        """Rows ``index`` as a new batch."""
+        tensors = {
+            f.name: getattr(self, f.name)[index.to(getattr(self, f.name).device)]
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, conditioning=self.conditioning.select(index), **tensors)
+
+    def chunks(self, size: int) -> Iterator[RowBatch]:
+        """Consecutive micro-batches of at most ``size`` rows."""
+        for start in range(0, len(self), size):
+            yield self.select(torch.arange(start, min(start + size, len(self))))
+
+
 @dataclass
-class TransitionBatch:
+class TransitionBatch(RowBatch):
     """(sample, timestep) pairs to train on, with what the loss needs; tensors are ``(M, ...)``."""
 
     latents: torch.Tensor
@@ -77,23 +108,67 @@ class TransitionBatch:
     eta: float
     log_prob_kind: str
     on_policy: bool = False
+    old_mean: torch.Tensor | None = None
+    """The rollout's transition means (``ratio_norm`` only)."""
+
+
+@dataclass
+class FinalSampleBatch(RowBatch):
+    """(final sample, noise level) rows for an algorithm that needs no transition likelihood (DiffusionNFT, AWM):
+    it noises the rollout's clean final latents itself, ``x_t = (1 - sigma) clean + sigma noise``; ``(M, ...)``.
+
+    Args:
+        clean: the rollouts' final latents; ``noise``: the noise of each row (drawn by the algorithm);
+            ``sigma``: each row's noise level (the rollout's at ``step_index``); ``advantages``: its sample's.
+    """
+
+    clean: torch.Tensor
+    noise: torch.Tensor
+    sigma: torch.Tensor
+    advantages: torch.Tensor
+    sample_index: torch.Tensor
+    step_index: torch.Tensor
+    conditioning: PromptConditioning
+    on_policy: bool = False
+
+
+@dataclass
+class ScoredTrajectory:
+    """A finished `sage_env.Trajectory` with the advantages its algorithm gave it: what a driver keeps between the
+    rollout and the loss (`sage_trl.SageGRPOTrainer` buffers these, a slice per step, and checkpoints them).
+
+    Args:
+        trajectory: the rollouts (rewarded); its ``sde_types`` are the schedule they were sampled with.
+        advantages: ``(N,)`` per sample; ``usable``: ``(N,)`` bool, the samples carrying a learning signal.
+    """
+
+    trajectory: Trajectory
+    advantages: torch.Tensor
+    usable: torch.Tensor
 
     def __len__(self) -> int:
-        return self.latents.shape[0]
+        return len(self.trajectory)
 
-    def select(self, index: torch.Tensor) -> TransitionBatch:
-        """Rows ``index`` as a new batch."""
-        tensors = {
-            f.name: getattr(self, f.name)[index.to(getattr(self, f.name).device)]
-            for f in fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
+    def select(self, index: torch.Tensor) -> ScoredTrajectory:
+        """The samples ``index`` (in that order)."""
+        return ScoredTrajectory(
+            self.trajectory.select(index),
+            self.advantages[index.to(self.advantages.device)],
+            self.usable[index.to(self.usable.device)],
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors, strings and numbers (see `sage_env.Trajectory.state_dict`)."""
+        return {
+            "trajectory": self.trajectory.state_dict(),
+            "advantages": self.advantages,
+            "usable": self.usable,
         }
-        return replace(self, conditioning=self.conditioning.select(index), **tensors)
 
-    def chunks(self, size: int) -> Iterator[TransitionBatch]:
-        """Consecutive micro-batches of at most ``size`` pairs."""
-        for start in range(0, len(self), size):
-            yield self.select(torch.arange(start, min(start + size, len(self))))
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> ScoredTrajectory:
+        """The inverse of `state_dict`."""
+        return cls(Trajectory.from_state_dict(state["trajectory"]), state["advantages"], state["usable"])
 
 
 @dataclass
@@ -118,11 +193,19 @@ class Algorithm(ABC):
     def __init__(self, config: AlgorithmConfig | None = None, seed: int = 0) -> None:
         self.config = config if config is not None else self.config_class()
         self.optimizer_steps = 0
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
     def build_references(self, module: torch.nn.Module) -> References:
         """The reference policies of the loss, made from the policy module before any update (none by default)."""
         return References()
+
+    def rollout_options(self, num_steps: int) -> dict[str, Any]:
+        """The environment ``reset`` options the next rollout needs on a schedule of ``num_steps`` steps
+        (`sage_env.DenoisingVectorEnv.reset`): how an algorithm that chooses its rollout schedule asks for it,
+        e.g. MixGRPO's ``{"sde_window": (start, end)}`` from its optimizer-step count (which checkpoints restore).
+        Empty by default: the environment's schedule."""
+        return {}
 
     def advantages(self, trajectory: Trajectory) -> tuple[torch.Tensor, torch.Tensor]:
         """``(advantages, usable)`` per sample of a finished trajectory (see `compute_advantages`)."""
@@ -211,6 +294,10 @@ class PolicyGradientAlgorithm(Algorithm):
 
     # -- data ------------------------------------------------------------------------------------
 
+    def rollout_options(self, num_steps: int) -> dict[str, Any]:
+        """``{"record_means": True}`` with ``ratio_norm`` (GRPO-Guard needs the rollout's transition means)."""
+        return {"record_means": True} if self.config.ratio_norm else {}
+
     def compute_advantages(
         self, prompts: Sequence[str], rewards: torch.Tensor, valid: torch.Tensor, group_index: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,6 +350,11 @@ class PolicyGradientAlgorithm(Algorithm):
         device = trajectory.latents.device
         samples_d, steps_d = samples.to(device), steps.to(device)
         conditioning = policy.encode_prompts(list(trajectory.prompts), cfg.negative_prompt)
+        if cfg.ratio_norm and trajectory.means is None:
+            raise ValueError(
+                "ratio_norm needs the rollout's transition means: reset the environment with "
+                "options=agent.rollout_options(env) (it asks for record_means)."
+            )
         return TransitionBatch(
             latents=trajectory.latents[samples_d, steps_d],
             next_latents=trajectory.latents[samples_d, steps_d + 1],
@@ -278,6 +370,7 @@ class PolicyGradientAlgorithm(Algorithm):
             eta=trajectory.eta,
             log_prob_kind=trajectory.log_prob_kind,
             on_policy=on_policy,
+            old_mean=trajectory.means[samples_d, steps_d] if cfg.ratio_norm else None,
         )
 
     # -- loss ------------------------------------------------------------------------------------
@@ -317,9 +410,7 @@ class PolicyGradientAlgorithm(Algorithm):
         # log-prob (ratio exactly 1, as TRL does) rather than the rollout's, which differs in the last bits
         # because the rollout batched other samples together.
         old_log_prob = out.log_prob.detach() if batch.on_policy else batch.old_log_prob
-        per_pair, stats = objective.clipped_policy_loss(
-            out.log_prob, old_log_prob, advantages, batch.weights, cfg.epsilon, cfg.epsilon_high
-        )
+        per_pair, stats = self._policy_loss(out, batch, old_log_prob, advantages)
         policy_loss = per_pair.mean()
         kl_term, kl_metrics = self._kl_term(out, batch, reference_mean)
         loss = policy_loss + self.kl_controller.coef * kl_term
@@ -335,6 +426,23 @@ class PolicyGradientAlgorithm(Algorithm):
             **kl_metrics,
         }
         return loss, metrics
+
+    def _policy_loss(
+        self, out: sde.SDEStepOutput, batch: TransitionBatch, old_log_prob: torch.Tensor, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped surrogate per pair; with ``ratio_norm``, GRPO-Guard's: the normalised log-ratio
+        (`objective.normalized_log_ratio`) and each step's loss divided by ``|sigma - sigma_next|``."""
+        cfg = self.config
+        if not cfg.ratio_norm:
+            return objective.clipped_policy_loss(
+                out.log_prob, old_log_prob, advantages, batch.weights, cfg.epsilon, cfg.epsilon_high
+            )
+        old_mean = out.mean.detach() if batch.on_policy else batch.old_mean
+        log_ratio = objective.normalized_log_ratio(out.log_prob, old_log_prob, out.mean, old_mean, out.std)
+        weights = batch.weights / (batch.sigma - batch.sigma_next)
+        return objective.clipped_policy_loss(
+            log_ratio, torch.zeros_like(log_ratio), advantages, weights, cfg.epsilon, cfg.epsilon_high
+        )
 
     def _kl_term(
         self, out: sde.SDEStepOutput, batch: TransitionBatch, reference_mean: torch.Tensor | None

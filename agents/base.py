@@ -6,7 +6,7 @@ and updates from the recorded `sage_env.Trajectory`, returning metrics::
     import agents, sage_env, gymnasium as gym
     envs = gym.make_vec("sage_env/Toy-v0", num_envs=8, group_size=4)
     agent = agents.make("sage_grpo", env=envs, learning_rate=3e-3)  # the env's backbone and SDE settings
-    observation, _ = envs.reset(seed=0)
+    observation, _ = envs.reset(seed=0, options=agent.rollout_options(envs))
     while True:
         observation, reward, terminated, truncated, info = envs.step(agent.act(observation))
         if terminated.all():
@@ -30,7 +30,21 @@ from sage_env.checks import Integer, check_fields, hyperparameter
 from sage_env.env import BackbonePolicy, Trajectory
 from sage_env.rewards import RewardFailureMonitor
 
-__all__ = ["Agent", "AgentSettings", "PolicyGradientAgent"]
+__all__ = ["Agent", "AgentSettings", "AlgorithmAgent", "PolicyGradientAgent", "environment_attributes"]
+
+
+def environment_attributes(env: Any, names: Sequence[str]) -> dict[str, Any]:
+    """Attributes of a `sage_env` environment: looked through gymnasium's wrappers, and through gymnasium's own
+    vector environments over `sage_env` environments (``make_vec(..., vectorization_mode="sync" | "async")``,
+    whose ``get_attr`` asks the first sub-environment; an async one sends the value over its pipe)."""
+    unwrapped = getattr(env, "unwrapped", env)
+    if all(hasattr(unwrapped, name) for name in names):
+        return {name: getattr(unwrapped, name) for name in names}
+    if callable(getattr(env, "get_attr", None)):
+        return {name: env.get_attr(name)[0] for name in names}
+    raise ValueError(
+        f"env= must be a sage_env environment (gym.make / gym.make_vec of a sage_env id), got {type(env).__name__}."
+    )
 
 
 class Agent(ABC):
@@ -46,6 +60,12 @@ class Agent(ABC):
     @abstractmethod
     def update(self, trajectory: Trajectory | Sequence[Trajectory]) -> dict[str, float]:
         """Learn from a finished batch of rollouts; return metrics (``policy_loss``, ``reward/...``, ``kl/...``)."""
+
+    def rollout_options(self, env: Any) -> dict[str, Any]:
+        """The ``reset`` options of the next rollout in ``env`` (a `sage_env` environment, wrapped or vectorised by
+        gymnasium): ``env.reset(seed=..., options=agent.rollout_options(env))``. Empty unless the algorithm chooses
+        its rollout schedule (MixGRPO's moving SDE window)."""
+        return {}
 
 
 @dataclass
@@ -75,7 +95,7 @@ class AgentSettings:
         return {f.name for f in fields(cls)}
 
 
-class PolicyGradientAgent(Agent):
+class AlgorithmAgent(Agent):
     """An agent driving any `agents.Algorithm` with its own AdamW optimizer (no TRL, no accelerate): the plain
     gymnasium loop's side of the interface `sage_trl.SageGRPOTrainer` drives too.
 
@@ -105,6 +125,10 @@ class PolicyGradientAgent(Agent):
     def act(self, observation: Mapping[str, Any]) -> torch.Tensor:
         """Velocity of the current policy (with the config's classifier-free guidance), without gradients."""
         return self._act(observation)
+
+    def rollout_options(self, env: Any) -> dict[str, Any]:
+        """The algorithm's `agents.Algorithm.rollout_options` for ``env``'s number of steps."""
+        return self.algorithm.rollout_options(environment_attributes(env, ("num_steps",))["num_steps"])
 
     def update(self, trajectory: Trajectory | Sequence[Trajectory]) -> dict[str, float]:
         """``num_iterations`` passes over the rollout, ``num_minibatches`` optimizer steps each.
@@ -171,3 +195,7 @@ class PolicyGradientAgent(Agent):
             float(trajectory.stds[stochastic].mean()) if stochastic.any() else 0.0
         )
         return metrics
+
+
+PolicyGradientAgent = AlgorithmAgent
+"""The name `AlgorithmAgent` had before it drove likelihood-free algorithms too (kept for existing code)."""

@@ -78,6 +78,7 @@ class AlgorithmConfig:
             "adv_clip_max": 5.0,
             "epsilon": 1e-4,
             "epsilon_high": None,
+            "ratio_norm": False,
             "equalizer": True,
             "equalizer_eps": 1e-8,
             "equalizer_median": "lower",
@@ -168,6 +169,15 @@ class AlgorithmConfig:
         None,
         "Upper clip range of the ratio (TRL's epsilon_high). None: epsilon.",
         Unclipped(optional=True),
+    )
+    ratio_norm: bool | None = hyperparameter(
+        None,
+        "GRPO-Guard's regulariser (arXiv 2510.22319): normalise each transition's log-ratio by its noise scale, "
+        "with the bias that shifts it below 0 removed (ratio exp(std x (log p - log p_old + mean_d (mu - mu_old)^2 "
+        "/ (2 std^2)))), and weight each step's loss by 1 / |sigma - sigma_next|, so that no denoising step's "
+        "ratio is always clipped on one side. Costs the rollout's transition means in memory (one latent per "
+        "step and sample). Recommended: on for grpo_guard; off for the others (their published setting).",
+        Flag(),
     )
     equalizer: bool | None = hyperparameter(
         None,

@@ -24,6 +24,7 @@ __all__ = [
     "clipped_policy_loss",
     "equalizer_matrix",
     "group_advantages",
+    "normalized_log_ratio",
     "position_kl",
     "select_timesteps",
     "stepwise_kl",
@@ -217,6 +218,26 @@ def clipped_policy_loss(
     clipped = -advantages * torch.clamp(ratio, 1.0 - epsilon, 1.0 + high)
     per_pair = torch.maximum(unclipped, clipped) * weights
     return per_pair, {"ratio": ratio.detach(), "clipped": (clipped > unclipped).detach()}
+
+
+def normalized_log_ratio(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    mean: torch.Tensor,
+    old_mean: torch.Tensor,
+    std: torch.Tensor,
+) -> torch.Tensor:
+    """GRPO-Guard's log-ratio (arXiv 2510.22319, RatioNorm): ``std x (log p - log p_old + mean_d (mu - mu_old)^2 /
+    (2 std^2))`` per transition.
+
+    With ``x' = mu_old + std eps``, ``log p - log p_old = mean_d(eps (mu - mu_old)) / std - mean_d (mu - mu_old)^2 /
+    (2 std^2)``: the second term always shifts the ratio below 1, the more so at low-noise steps. Adding it back
+    and scaling by ``std`` leaves ``mean_d(eps (mu - mu_old))``, centred at 0 with a spread that does not depend on
+    the step's noise level. ``std`` is the transition's (``eta sqrt(-dt)`` times the SDE's scale), ``(M,)``.
+    """
+    dims = tuple(range(1, mean.ndim))
+    bias = (mean - old_mean).pow(2).mean(dims) / (2 * std.pow(2))
+    return std * (log_prob - old_log_prob + bias)
 
 
 def position_kl(mean: torch.Tensor, reference_mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,14 @@ class ParameterSnapshot:
                 target = "cpu" if self.offload else parameter.device
                 self.values[name] = parameter.detach().to(target, copy=True)
 
+    def blend(self, decay: float) -> None:
+        """Move the snapshot toward the current parameters, ``snapshot <- decay * snapshot + (1 - decay) * live``
+        (DiffusionNFT's soft update of its old policy; ``decay`` 0 is `refresh`)."""
+        with torch.no_grad():
+            for name, parameter in self.parameters.items():
+                blended = torch.lerp(parameter.detach(), self._value_like(name, parameter), decay)
+                self.values[name] = blended.to("cpu") if self.offload else blended
+
     def num_bytes(self) -> int:
         """Memory held by the snapshot (on this process)."""
         return sum(_local(v).numel() * v.element_size() for v in self.values.values())

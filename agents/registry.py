@@ -13,12 +13,12 @@ not; `environment_attributes`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agents.algorithm import Algorithm, AlgorithmConfig, PolicyGradientAlgorithm
-from agents.base import Agent, AgentSettings, PolicyGradientAgent
+from agents.base import Agent, AgentSettings, AlgorithmAgent, environment_attributes
 from sage_env.backbones import VideoBackbone
 from sage_env.plugins import GROUPS, PluginError, PluginGroup
 
@@ -129,7 +129,7 @@ def register_algorithm(
     ALGORITHMS.register(name, AlgorithmSpec(config_class, update_rule), overwrite=overwrite)
 
 
-def _algorithm_agent(name: str, policy: VideoBackbone, config: dict[str, Any]) -> PolicyGradientAgent:
+def _algorithm_agent(name: str, policy: VideoBackbone, config: dict[str, Any]) -> AlgorithmAgent:
     spec = algorithm_spec(name)
     allowed = spec.config_class.field_names() | AgentSettings.field_names()
     unknown = set(config) - allowed
@@ -141,26 +141,12 @@ def _algorithm_agent(name: str, policy: VideoBackbone, config: dict[str, Any]) -
     algorithm_config = spec.config_class(
         **{k: v for k, v in config.items() if k not in AgentSettings.field_names()}
     )
-    return PolicyGradientAgent(policy, spec.algorithm_class(algorithm_config, seed=settings.seed), settings)
+    return AlgorithmAgent(policy, spec.algorithm_class(algorithm_config, seed=settings.seed), settings)
 
 
 ROLLOUT_SETTINGS = ("sde", "eta", "log_prob_kind")
 """What an environment decides about the trajectories it records, and an algorithm's config must match (declared by
 the config; an env built for an algorithm takes them from it, an algorithm made for an env takes them from the env)."""
-
-
-def environment_attributes(env: Any, names: Sequence[str]) -> dict[str, Any]:
-    """Attributes of a `sage_env` environment: looked through gymnasium's wrappers, and through gymnasium's own
-    vector environments over `sage_env` environments (``make_vec(..., vectorization_mode="sync" | "async")``,
-    whose ``get_attr`` asks the first sub-environment; an async one sends the value over its pipe)."""
-    unwrapped = getattr(env, "unwrapped", env)
-    if all(hasattr(unwrapped, name) for name in names):
-        return {name: getattr(unwrapped, name) for name in names}
-    if callable(getattr(env, "get_attr", None)):
-        return {name: env.get_attr(name)[0] for name in names}
-    raise ValueError(
-        f"env= must be a sage_env environment (gym.make / gym.make_vec of a sage_env id), got {type(env).__name__}."
-    )
 
 
 def rollout_settings(env: Any) -> dict[str, Any]:

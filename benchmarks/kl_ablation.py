@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from agents import KL_STRATEGIES, PolicyGradientAgent
+from agents import KL_STRATEGIES, AlgorithmAgent
 from benchmarks import reporting
 from benchmarks.toy_training import (
     ToyRunResult,
@@ -74,13 +74,13 @@ FULL_GRID: tuple[Config, ...] = tuple(
 )
 
 
-def _flat_gradient(agent: PolicyGradientAgent) -> torch.Tensor:
+def _flat_gradient(agent: AlgorithmAgent) -> torch.Tensor:
     return torch.cat(
         [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in agent.parameters]
     )
 
 
-def kl_gradient_share(agent: PolicyGradientAgent, trajectory: Trajectory) -> dict[str, float]:
+def kl_gradient_share(agent: AlgorithmAgent, trajectory: Trajectory) -> dict[str, float]:
     """``|lambda_KL * grad L_KL| / |grad L_policy|`` on the pairs of ``trajectory`` with the current policy.
 
     Evaluated with the library's loss twice, at KL coefficient 0 (policy term only) and 1 (policy + KL term):

@@ -48,6 +48,7 @@ SECTION_ORDER: tuple[str, ...] = (
     "equalizer_ablation",
     "kl_ablation",
     "off_manifold_drift",
+    "toy_algorithms",
     "sde_step_overhead",
 )
 """Order of the sections in the markdown file (a new section is inserted at its place in this order)."""

@@ -3,7 +3,7 @@
 One axis changes at a time from a base configuration (the toy world: 8 frames of 16 x 16 pixels, 2 prompts x
 G = 4 videos, 10 steps with the SAGE SDE on the first half, LoRA r8 on the toy prior). A rollout is one
 episode of ``DenoisingVectorEnv`` driven by ``agents.make("sage_grpo").act``; a training step is
-``PolicyGradientAgent.update`` (one optimizer step over every (video, SDE step) pair, micro-batches of 16).
+``AlgorithmAgent.update`` (one optimizer step over every (video, SDE step) pair, micro-batches of 16).
 The reward is the videos' mean brightness (its cost is negligible and every group has a learning signal).
 
 For each axis the script fits ``time = c * size ** k`` (log-log least squares) over all points and reports the

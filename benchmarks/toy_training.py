@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 import agents
-from agents import PolicyGradientAgent
+from agents import AlgorithmAgent
 from benchmarks import reporting, workloads
 from sage_env.env import Trajectory
 from sage_env.models import TOY_SAMPLING_DEFAULTS
@@ -156,7 +156,7 @@ def _rollout_record(trajectory: Trajectory, metrics: dict[str, float]) -> dict[s
 def run_toy_training(
     spec: ToyRunSpec,
     progress: Callable[[int, dict[str, float]], None] | None = None,
-    inspect: Callable[[PolicyGradientAgent, Trajectory], dict[str, float]] | None = None,
+    inspect: Callable[[AlgorithmAgent, Trajectory], dict[str, float]] | None = None,
 ) -> ToyRunResult:
     """Train with ``spec`` and return its curves and held-out scores (see the module docstring).
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import agents
-from agents import PolicyGradientAgent, TransitionBatch
+from agents import AlgorithmAgent, TransitionBatch
 from benchmarks import reporting, timing, workloads
 from sage_env.toy.env import make_toy_vector_env
 
@@ -73,7 +73,7 @@ class ThroughputResult:
         return timing.paired_ratio(self.seconds[1], self.seconds[micro_batch])
 
 
-def accumulate_gradients(agent: PolicyGradientAgent, batch: TransitionBatch, micro_batch: int) -> None:
+def accumulate_gradients(agent: AlgorithmAgent, batch: TransitionBatch, micro_batch: int) -> None:
     """One training pass over ``batch`` in chunks of ``micro_batch`` pairs, gradients accumulated as the
     agent's optimizer step does (``loss * len(chunk) / len(batch)``), without the optimizer update."""
     agent.optimizer.zero_grad(set_to_none=True)
@@ -82,12 +82,12 @@ def accumulate_gradients(agent: PolicyGradientAgent, batch: TransitionBatch, mic
         (loss * len(chunk) / len(batch)).backward()
 
 
-def flat_gradient(agent: PolicyGradientAgent) -> torch.Tensor:
+def flat_gradient(agent: AlgorithmAgent) -> torch.Tensor:
     """Every trainable parameter's gradient, concatenated."""
     return torch.cat([p.grad.detach().flatten().clone() for p in agent.parameters])
 
 
-def prepare(case: ThroughputCase, seed: int) -> tuple[PolicyGradientAgent, TransitionBatch]:
+def prepare(case: ThroughputCase, seed: int) -> tuple[AlgorithmAgent, TransitionBatch]:
     """A LoRA agent on the case's backbone and the training pairs of one rollout of the toy world."""
     backbone = workloads.toy_backbone(case.backbone, seed)
     workloads.add_lora_adapter(backbone)
@@ -104,7 +104,7 @@ def prepare(case: ThroughputCase, seed: int) -> tuple[PolicyGradientAgent, Trans
 
 
 def compare_gradients(
-    agent: PolicyGradientAgent, batch: TransitionBatch, micro_batch: int
+    agent: AlgorithmAgent, batch: TransitionBatch, micro_batch: int
 ) -> tuple[float, float, bool]:
     """``(max |difference|, max |gradient|, allclose)`` between per-pair and micro-batched gradients."""
     accumulate_gradients(agent, batch, 1)

@@ -3,6 +3,7 @@
     python examples/swap_algorithms.py --algorithm sage_grpo
     python examples/swap_algorithms.py --algorithm flow_grpo --iterations 20
     python examples/swap_algorithms.py --algorithm dance_grpo --learning-rate 3e-3
+    python examples/swap_algorithms.py --algorithm diffusion_nft
 
 Every registered agent (`agents.list_agents()`) trains against `sage_env/Toy-v0`, the built-in toy world,
 with the SDE its algorithm explores with; the script prints the rollout reward per iteration.
@@ -75,7 +76,8 @@ def main() -> None:
     # -- training loop --------------------------------------------------------------------------------
     for iteration in range(args.iterations):
         start = time.perf_counter()
-        observation, _ = envs.reset(seed=args.seed + iteration)
+        # An algorithm that chooses its rollout schedule (MixGRPO's sliding SDE window) asks for it here.
+        observation, _ = envs.reset(seed=args.seed + iteration, options=agent.rollout_options(envs))
         while True:
             observation, _reward, terminated, _truncated, _info = envs.step(agent.act(observation))
             if terminated.all():

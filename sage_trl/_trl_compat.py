@@ -5,8 +5,6 @@ skips it and sets up, here, the state that the GRPOTrainer methods it reuses rea
 
 * `GRPOTrainer.get_train_dataloader` / `_get_train_sampler`: the group-repeat sampler (each prompt
   ``num_generations`` times, groups spanning processes, batches reused ``num_iterations`` times);
-* `GRPOTrainer._prepare_inputs`: generation buffering (generate once per ``steps_per_generation *
-  num_iterations`` steps, shuffle, split, serve slices);
 * `GRPOTrainer.training_step`: step counting and timing around `transformers.Trainer.training_step`;
 * `GRPOTrainer.log`: metric averaging and logging through ``report_to``.
 
@@ -45,7 +43,6 @@ __all__ = [
 
 GRPO_REUSED_METHODS = (
     "get_train_dataloader",
-    "_prepare_inputs",
     "training_step",
     "log",
     "_set_signature_columns_if_needed",

@@ -95,9 +95,9 @@ class SageGRPOFields(GRPOConfig):
     )
     algorithm: str = hyperparameter(
         "sage_grpo",
-        "The algorithm: a built-in (sage_grpo, flow_grpo, dance_grpo, cps, ddpo, reinforce), an installed package's "
-        "(entry-point group sage_grpo.algorithms) or 'module:Class'. Switches every algorithm default at once. "
-        "Recommended: sage_grpo.",
+        "The algorithm: a built-in (the README's algorithm table says when to choose each), an installed package's "
+        "(entry-point group sage_grpo.algorithms) or 'module:Class'; an unknown name lists the known ones. "
+        "Switches every algorithm default at once. Recommended: sage_grpo.",
         PluginName(ALGORITHMS),
     )
     algorithm_args: dict | str | None = hyperparameter(
@@ -242,6 +242,10 @@ class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
     def algorithm_defaults(self) -> Mapping[str, Any]:
         """The chosen algorithm's defaults (what None-valued algorithm fields take)."""
         return algorithm_spec(self.algorithm).config_class.defaults
+
+    def check_algorithm_rules(self) -> None:
+        """The chosen algorithm's rules between its fields (its config class declares them)."""
+        algorithm_spec(self.algorithm).config_class.check_algorithm_rules(self)
 
     def _resolve_precision_and_checkpointing(self) -> None:
         if self.bf16 is None:

@@ -1,10 +1,12 @@
 """`SageGRPOTrainer`: TRL's GRPOTrainer for flow-matching video models, trained on `sage_env` rollouts.
 
-What it reuses from TRL (see `sage_trl._trl_compat`): the group-repeat sampler, generation buffering,
-the training step and metric logging. What it adds: rollouts through `sage_env.DenoisingVectorEnv`, the
-loss of any registered algorithm (`agents`; SAGE-GRPO by default), LoRA through peft with the moving
-anchor as an adapter snapshot; and, through `sage_trl.run_folder_trainer.RunFolderTrainerMixin`, a run folder that
-is claimed, resumed and finished by rule, diffusers-format saving, checkpoints that resume exactly and the Hub push.
+What it reuses from TRL (see `sage_trl._trl_compat`): the group-repeat sampler, the training step and metric
+logging; generation buffering follows TRL's schedule, over slices of an `agents.ScoredTrajectory` (the one form a
+rollout takes from the environment to the loss) instead of TRL's dicts of tensors. What it adds: rollouts through
+`sage_env.DenoisingVectorEnv` with the reset options the algorithm asks for, the loss of any registered algorithm
+(`agents`; SAGE-GRPO by default), LoRA through peft with the moving anchor as an adapter snapshot; and, through
+`sage_trl.run_folder_trainer.RunFolderTrainerMixin`, a run folder that is claimed, resumed and finished by rule,
+diffusers-format saving, checkpoints that resume exactly and the Hub push.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,7 +26,7 @@ from transformers import TrainerCallback, set_seed
 from transformers.utils import logging
 from trl import GRPOTrainer
 
-from agents import ALGORITHM_CLASSES, Algorithm, References
+from agents import ALGORITHM_CLASSES, Algorithm, References, ScoredTrajectory
 from sage_env.backbones import VideoBackbone
 from sage_env.env import BackbonePolicy, Trajectory, run_episode
 from sage_env.rewards import CompositeReward, RewardFailureMonitor
@@ -188,13 +191,29 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
             self.backbone.offload_text_encoders()
         was_training = self.backbone.transformer.training
         self.backbone.transformer.eval()
+        options = {**self.algorithm.rollout_options(self.env.num_steps), "prompts": prompts, "seeds": seeds}
         try:
-            return run_episode(self.env, policy, options={"prompts": prompts, "seeds": seeds})
+            return run_episode(self.env, policy, options=options)
         finally:
             self.backbone.transformer.train(was_training)
 
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        """Roll out the local prompts, gather rewards across processes, and return the local training batch."""
+    def _prepare_inputs(self, generation_batch: list[dict[str, Any]]) -> ScoredTrajectory:
+        """This step's slice of the buffered rollout, rolling out anew every ``steps_per_generation x
+        num_iterations`` steps (TRL's schedule and shuffle: the same global-RNG permutation, contiguous slices)."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            rollout = self._generate_and_score_completions(generation_batch)
+            order = torch.randperm(len(rollout))
+            size = len(rollout) // self.args.steps_per_generation
+            self._buffered_inputs = [
+                rollout.select(order[index * size : (index + 1) * size])
+                for index in range(self.args.steps_per_generation)
+            ]
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> ScoredTrajectory:
+        """Roll out the local prompts, gather rewards across processes, and return the local rollout with its
+        advantages (without the decoded videos, which training does not read)."""
         if not self.model.training:
             raise ValueError("Evaluation is not supported by SageGRPOTrainer yet.")
         prompts = [row["prompt"] for row in inputs]
@@ -208,19 +227,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         advantages, usable = self._global_advantages(trajectory, prompts)
         self._log_rollout_metrics(trajectory, rollout_time, time.perf_counter() - start - rollout_time)
         self._check_reward_failures(trajectory)
-        # Tensors first: TRL's split_tensor_dict sizes chunks from the first value.
-        return {
-            "latents": trajectory.latents,
-            "sigmas": trajectory.sigmas,
-            "log_probs": trajectory.log_probs,
-            "stds": trajectory.stds,
-            "trainable": trajectory.trainable,
-            "advantages": advantages,
-            "usable": usable,
-            "valid": trajectory.rewards.valid.to(self.accelerator.device),
-            "seeds": trajectory.seeds.to(self.accelerator.device),
-            "prompt": list(trajectory.prompts),
-        }
+        return ScoredTrajectory(replace(trajectory, videos=None), advantages, usable)
 
     def _check_reward_failures(self, trajectory: Trajectory) -> None:
         """Count rollouts without a single valid reward (all processes); stop after too many in a row. Such a
@@ -289,25 +296,10 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
 
     # -- loss ------------------------------------------------------------------------------------
 
-    def _trajectory_from_inputs(self, inputs: dict[str, Any]) -> Trajectory:
-        return Trajectory(
-            prompts=tuple(inputs["prompt"]),
-            group_index=torch.zeros(len(inputs["prompt"]), dtype=torch.long),
-            seeds=inputs["seeds"],
-            sigmas=inputs["sigmas"],
-            latents=inputs["latents"],
-            log_probs=inputs["log_probs"],
-            stds=inputs["stds"],
-            trainable=inputs["trainable"],
-            sde_types=self.env.step_sde_types,
-            eta=self.env.eta,
-            log_prob_kind=self.env.log_prob_kind,
-        )
-
     def compute_loss(
         self,
         model: torch.nn.Module,
-        inputs: dict[str, Any],
+        inputs: ScoredTrajectory,
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> torch.Tensor:
@@ -326,7 +318,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         if return_outputs:
             raise ValueError("SageGRPOTrainer.compute_loss does not return outputs.")
         start = time.perf_counter()
-        self._step_had_valid = self._step_had_valid or bool(inputs["valid"].any())
+        self._step_had_valid = self._step_had_valid or bool(inputs.trajectory.rewards.valid.any())
         batch = self._step_transitions(inputs)
         chunks, share = self._loss_chunks(batch, inputs)
         scale = share / self.current_gradient_accumulation_steps
@@ -343,17 +335,18 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         # The gradient is the last micro-batch's; the value is the step's loss over all processes.
         return weighted + (mean_loss / self.current_gradient_accumulation_steps - float(weighted.detach()))
 
-    def _step_transitions(self, inputs: dict[str, Any], usable: torch.Tensor | None = None) -> Any:
-        """The (sample, step) pairs of this step's samples (``usable``: which samples; the inputs' by default)."""
+    def _step_transitions(self, inputs: ScoredTrajectory, usable: torch.Tensor | None = None) -> Any:
+        """The algorithm's training batch of this step's samples (``usable``: which samples; the inputs' by
+        default)."""
         return self.algorithm.training_batch(
-            self._trajectory_from_inputs(inputs),
-            inputs["advantages"],
-            inputs["usable"] if usable is None else usable,
+            inputs.trajectory,
+            inputs.advantages,
+            inputs.usable if usable is None else usable,
             self.backbone,
             on_policy=self._on_policy(),
         )
 
-    def _loss_chunks(self, batch: Any, inputs: dict[str, Any]) -> tuple[list[tuple[Any, int]], float]:
+    def _loss_chunks(self, batch: Any, inputs: ScoredTrajectory) -> tuple[list[tuple[Any, int]], float]:
         """``([(micro-batch, pairs it counts for)], this process's share)``, the same number of micro-batches on
         every process; the share is ``processes x local pairs / all pairs`` (1 in one process)."""
         size = max(len(batch), 1) if self.is_deepspeed_enabled else self.args.micro_batch_size
@@ -367,12 +360,12 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
             chunks += [(padding, 0)] * (rounds - len(chunks))
         return chunks, (len(counts) * len(batch) / total if total else 0.0)
 
-    def _padding_chunk(self, batch: Any, inputs: dict[str, Any], size: int) -> Any:
+    def _padding_chunk(self, batch: Any, inputs: ScoredTrajectory, size: int) -> Any:
         """A micro-batch to run with weight 0 (its forwards take part in FSDP's gathers, it trains nothing)."""
         if len(batch):
             return next(batch.chunks(size))
         generator = self.algorithm.generator.get_state()  # padding must not change the timesteps drawn next
-        everything = self._step_transitions(inputs, usable=torch.ones_like(inputs["usable"]))
+        everything = self._step_transitions(inputs, usable=torch.ones_like(inputs.usable))
         self.algorithm.generator.set_state(generator)
         return next(everything.chunks(size))
 
@@ -445,7 +438,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
             "anchor": self.references.anchor.state_dict() if self.references.anchor is not None else None,
             "step": self._step,
             "generation_round": self._generation_round,
-            "buffered_inputs": self._buffered_inputs,
+            "buffered_inputs": self._buffered_state(),
             "kl_values": list(self._kl_values),
             "reward_failures": self.reward_failures.state_dict(),
             "resolved_reward_weights": dict(self.resolved_reward_weights),
@@ -455,14 +448,30 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         """What differs between the processes of a multi-process run: each saves its own (rollouts it buffered,
         the timestep generator its batches drew from, the KL values of an unfinished accumulation)."""
         return {
-            "buffered_inputs": self._buffered_inputs,
+            "buffered_inputs": self._buffered_state(),
             "kl_values": list(self._kl_values),
             "generator": self.algorithm.generator.get_state(),
         }
 
+    def _buffered_state(self) -> list[dict[str, Any]] | None:
+        if self._buffered_inputs is None:
+            return None
+        return [rollout.state_dict() for rollout in self._buffered_inputs]
+
+    def _load_buffered_state(self, state: list[dict[str, Any]] | None) -> None:
+        if state is not None and any("trajectory" not in rollout for rollout in state):
+            raise ValueError(
+                "This checkpoint's buffered rollout has the layout of an earlier sage-grpo version (a dict of "
+                "tensors); resume it with the version that wrote it, or start a new run from its saved model."
+            )
+        self._buffered_inputs = (
+            None if state is None else [ScoredTrajectory.from_state_dict(s) for s in state]
+        )
+
     def load_process_state(self, state: dict[str, Any]) -> None:
         """Restore `process_state`."""
-        self._buffered_inputs, self._kl_values = state["buffered_inputs"], state["kl_values"]
+        self._load_buffered_state(state["buffered_inputs"])
+        self._kl_values = state["kl_values"]
         self.algorithm.generator.set_state(state["generator"])
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
@@ -471,7 +480,8 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         if self.references.anchor is not None:
             self.references.anchor.load_state_dict(state["anchor"])
         self._step, self._generation_round = state["step"], state["generation_round"]
-        self._buffered_inputs, self._kl_values = state["buffered_inputs"], state["kl_values"]
+        self._load_buffered_state(state["buffered_inputs"])
+        self._kl_values = state["kl_values"]
         self.reward_failures.load_state_dict(state["reward_failures"])
         self.resolved_reward_weights = dict(state["resolved_reward_weights"])
 

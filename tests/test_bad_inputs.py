@@ -110,7 +110,7 @@ TRAIN_CASES: list[tuple[list[str], str]] = [
     (["--config", "{list_yaml}"], "mapping"),
     (["--config", "{typo_yaml}"], "lerning_rate"),
     (["--preset", "no_such_preset"], "preset"),
-    (["--algorithm", "ppo"], "Unknown algorithm 'ppo'; known: cps"),
+    (["--algorithm", "ppo"], "Unknown algorithm 'ppo'; known: awm, cps"),
     (["--scale_rewards", "per_token"], "scale_rewards"),
     (["--kl_strategy", "reverse"], "kl_strategy"),
     (["--kl_coef_schedule", "cosine"], "kl_coef_schedule"),

@@ -257,3 +257,11 @@ def test_commands_in_prose_use_existing_flags(path: Path, command: str) -> None:
     assert not unknown_flags(argv), (
         f"{path.relative_to(ROOT)}: `{command}` uses flags its --help does not list"
     )
+
+
+def test_the_readmes_algorithm_table_lists_every_built_in_algorithm() -> None:
+    declared = toml_loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["sage_grpo.algorithms"]
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("| `--algorithm` | family | choose it when |", 1)[1].split("\n\n", 1)[0]
+    listed = re.findall(r"^\| `(\w+)`(?: \(default\))? \|", table, flags=re.MULTILINE)
+    assert sorted(listed) == sorted(declared)

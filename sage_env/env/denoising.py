@@ -43,6 +43,7 @@ class DenoisingBatch:
         sigmas: ``(T + 1,)`` the schedule; ``sde_types``: the SDE type of each of the ``T`` steps.
         eta, log_prob_kind: the SDE's exploration scale and how transitions are scored.
         latent_shape: one sample's latent shape; ``device``: where latents live.
+        record_means: also record each transition's mean (`Trajectory.means`).
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class DenoisingBatch:
         log_prob_kind: str,
         latent_shape: tuple[int, ...],
         device: torch.device,
+        record_means: bool = False,
     ) -> None:
         self.backbone, self.prompts, self.seeds = backbone, prompts, seeds
         self.sde_types, self.eta, self.log_prob_kind = sde_types, eta, log_prob_kind
@@ -65,7 +67,7 @@ class DenoisingBatch:
         self.sigmas = sigmas.to(device).expand(len(prompts), -1)
         self.step_index = 0
         self.recorder = TrajectoryRecorder(
-            prompts, group_size, seeds, self.sigmas, self.latents, sde_types, eta, log_prob_kind
+            prompts, group_size, seeds, self.sigmas, self.latents, sde_types, eta, log_prob_kind, record_means
         )
 
     @property

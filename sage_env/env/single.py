@@ -95,6 +95,11 @@ class DenoisingEnv(gym.Env):
         return self._vector.backbone
 
     @property
+    def num_steps(self) -> int:
+        """Denoising steps of an episode."""
+        return self._vector.num_steps
+
+    @property
     def sde(self) -> str:
         """The SDE type of the stochastic steps (see `DenoisingVectorEnv`)."""
         return self._vector.sde
@@ -115,13 +120,17 @@ class DenoisingEnv(gym.Env):
         return self._vector.sde_window
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
-        """Start a new video; ``options`` may carry ``{"prompt": str, "seed": int}``."""
+        """Start a new video; ``options`` may carry ``{"prompt": str, "seed": int, "sde_window": (start, end),
+        "record_means": bool}`` (the last two: see `DenoisingVectorEnv.reset`)."""
         super().reset(seed=seed)
         options = dict(options or {})
-        unknown = set(options) - {"prompt", "seed"}
+        passed_on = ("sde_window", "record_means")
+        unknown = set(options) - {"prompt", "seed", *passed_on}
         if unknown:
-            raise ValueError(f"Unknown reset options {sorted(unknown)}; allowed: 'prompt', 'seed'.")
-        vector_options = {}
+            raise ValueError(
+                f"Unknown reset options {sorted(unknown)}; allowed: 'prompt', 'seed', 'sde_window', 'record_means'."
+            )
+        vector_options = {key: options[key] for key in passed_on if key in options}
         if "prompt" in options:
             vector_options["prompts"] = [options["prompt"]]
         if "seed" in options:

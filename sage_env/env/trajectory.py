@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -34,6 +35,8 @@ class Trajectory:
         log_prob_kind: how log-probabilities were computed (see `sage_env.sde.gaussian_log_prob`).
         rewards: the `RewardOutput` of the final videos (None until the episode ends).
         videos: the decoded final videos ``(N, F, 3, H, W)`` in [0, 1] (None until the episode ends).
+        means: ``(N, T, *latent_shape)`` the mean of each transition, recorded only when the episode was reset with
+            ``options={"record_means": True}`` (GRPO-Guard's ratio normalisation needs it); None otherwise.
     """
 
     prompts: tuple[str, ...]
@@ -49,6 +52,7 @@ class Trajectory:
     log_prob_kind: str = "gaussian"
     rewards: RewardOutput | None = None
     videos: torch.Tensor | None = None
+    means: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -90,15 +94,41 @@ class Trajectory:
             name: torch.cat([getattr(part, name) for part in parts])
             for name in ("seeds", "sigmas", "latents", "log_probs", "stds", "trainable")
         }
-        videos = None if any(p.videos is None for p in parts) else torch.cat([p.videos for p in parts])
+        optional = {
+            name: None if any(getattr(p, name) is None for p in parts) else torch.cat([getattr(p, name) for p in parts])
+            for name in ("videos", "means")
+        }
         return replace(
             first,
             prompts=prompts,
             group_index=torch.tensor([groups[prompt] for prompt in prompts], device=first.group_index.device),
             rewards=RewardOutput.concat([part.rewards for part in parts]),
-            videos=videos,
+            **optional,
             **tensors,
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trajectory as tensors, strings and numbers (a checkpoint's buffered rollout, saved without pickle),
+        without the decoded videos: a learner trains on latents, and videos would dominate the file."""
+        state: dict[str, Any] = {}
+        for field_ in fields(self):
+            value = getattr(self, field_.name)
+            if field_.name == "videos":
+                continue
+            if isinstance(value, RewardOutput):
+                value = value.state_dict()
+            state[field_.name] = list(value) if isinstance(value, tuple) else value
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> Trajectory:
+        """The inverse of `state_dict` (``videos`` None)."""
+        values = dict(state)
+        values["prompts"] = tuple(values["prompts"])
+        values["sde_types"] = tuple(values["sde_types"])
+        if values.get("rewards") is not None:
+            values["rewards"] = RewardOutput.from_state_dict(values["rewards"])
+        return cls(**values)
 
     def select(self, index: torch.Tensor | Sequence[int]) -> Trajectory:
         """The samples ``index`` (in that order) as a new trajectory."""
@@ -136,6 +166,7 @@ class TrajectoryRecorder:
         sigmas: ``(N, T + 1)`` per-sample noise levels.
         initial_latents: ``(N, *latent_shape)`` the starting noise.
         sde_types, eta, log_prob_kind: the SDE settings of the ``T`` steps.
+        record_means: also keep each transition's mean (`Trajectory.means`).
     """
 
     def __init__(
@@ -148,6 +179,7 @@ class TrajectoryRecorder:
         sde_types: tuple[str, ...],
         eta: float,
         log_prob_kind: str,
+        record_means: bool = False,
     ) -> None:
         self._static = {
             "prompts": prompts,
@@ -163,6 +195,7 @@ class TrajectoryRecorder:
             "log_probs": [],
             "stds": [],
             "trainable": [],
+            **({"means": []} if record_means else {}),
         }
 
     def record(self, out: sde.SDEStepOutput) -> None:
@@ -171,6 +204,8 @@ class TrajectoryRecorder:
         self._steps["log_probs"].append(out.log_prob)
         self._steps["stds"].append(out.std)
         self._steps["trainable"].append(out.trainable)
+        if "means" in self._steps:
+            self._steps["means"].append(out.mean)
 
     def finish(self, rewards: RewardOutput, videos: torch.Tensor) -> Trajectory:
         """The recorded `Trajectory`, with the rewards and decoded videos of the final latents."""

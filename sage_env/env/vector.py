@@ -19,7 +19,10 @@ from sage_env.env.spaces import VELOCITY_BOUND, denoising_spaces, prompt_list
 from sage_env.env.trajectory import Trajectory
 from sage_env.rewards import CompositeReward, as_composite_reward
 
-__all__ = ["ARRAY_MODES", "DenoisingVectorEnv", "validate_sde_settings"]
+__all__ = ["ARRAY_MODES", "RESET_OPTIONS", "DenoisingVectorEnv", "validate_sde_settings"]
+
+RESET_OPTIONS = ("prompts", "seeds", "sde_window", "record_means")
+"""The keys `DenoisingVectorEnv.reset` accepts in ``options``."""
 
 ARRAY_MODES = ("numpy", "torch")
 _SEED_BOUND = 2**31 - 1
@@ -163,7 +166,7 @@ class DenoisingVectorEnv(VectorEnv):
         self.num_steps = len(self.sigmas) - 1
         self.step_sde_types = step_sde_types(sde, self.num_steps, sde_window)
         self.sde, self.eta, self.sde_window, self.log_prob_kind = sde, float(eta), sde_window, log_prob_kind
-        self._check_noise_is_finite()
+        self._check_noise_is_finite(self.step_sde_types)
         num_frames, height, width = self._video_size(num_frames, height, width)
         self.latent_shape = tuple(self.backbone.latent_shape(num_frames, height, width))
         self.num_frames, self.height, self.width = num_frames, height, width
@@ -224,9 +227,9 @@ class DenoisingVectorEnv(VectorEnv):
         sde.validate_sigma_schedule(sigmas)
         return sigmas
 
-    def _check_noise_is_finite(self) -> None:
+    def _check_noise_is_finite(self, sde_types: tuple[str, ...]) -> None:
         """Every step's noise std over this schedule is a float32 number (an absurd eta would overflow it)."""
-        for index, sde_type in enumerate(self.step_sde_types):
+        for index, sde_type in enumerate(sde_types):
             std = sde.noise_std(
                 sde_type, self.sigmas[index : index + 1], self.sigmas[index + 1 : index + 2], self.eta
             )
@@ -244,19 +247,48 @@ class DenoisingVectorEnv(VectorEnv):
         Args:
             seed: seeds the environment's generator (prompt sampling and per-sample seeds).
             options: ``{"prompts": [...]}`` one prompt per group (``num_envs // group_size``) instead of
-                sampling from the prompt list; ``{"seeds": [...]}`` one seed per sample.
+                sampling from the prompt list; ``{"seeds": [...]}`` one seed per sample; ``{"sde_window": (start,
+                end)}`` this episode's SDE steps instead of the construction's ``sde_window`` (None: every step);
+                ``{"record_means": True}`` also records each transition's mean (`Trajectory.means`). That is how an
+                algorithm asks for its rollout (MixGRPO's sliding window, GRPO-Guard's means):
+                ``reset(options=agent.rollout_options(env))``.
         """
         super().reset(seed=seed)
         if self._np_random is None:
             self._np_random, self._np_random_seed = seeding.np_random()
         options = dict(options or {})
-        unknown = set(options) - {"prompts", "seeds"}
+        unknown = set(options) - set(RESET_OPTIONS)
         if unknown:
-            raise ValueError(f"Unknown reset options {sorted(unknown)}; allowed: 'prompts', 'seeds'.")
+            raise ValueError(
+                f"Unknown reset options {sorted(unknown)}; allowed: {', '.join(map(repr, RESET_OPTIONS))}."
+            )
+        sde_types = self._episode_sde_types(options)
+        record_means = options.get("record_means", False)
+        if not isinstance(record_means, bool):
+            raise ValueError(f"options['record_means'] must be True or False, got {record_means!r}.")
         group_prompts = self._group_prompts(options.get("prompts"))
         seeds = self._sample_seeds(options.get("seeds"))
-        self._start(group_prompts, seeds)
+        self._start(group_prompts, seeds, sde_types, record_means)
         return self._observation(), {"seeds": self._to_array(self._batch.seeds)}
+
+    def _episode_sde_types(self, options: dict[str, Any]) -> tuple[str, ...]:
+        """The SDE type of each step of this episode: ``options["sde_window"]``'s when given, else the construction's."""
+        if "sde_window" not in options:
+            return self.step_sde_types
+        window = options["sde_window"]
+        if window is not None and (
+            not isinstance(window, (tuple, list))
+            or len(window) != 2
+            or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in window)
+        ):
+            raise ValueError(f"options['sde_window'] must be None or (start, end) integers, got {window!r}.")
+        try:
+            bounds = None if window is None else (int(window[0]), int(window[1]))
+            sde_types = step_sde_types(self.sde, self.num_steps, bounds)
+        except ValueError as error:
+            raise ValueError(f"options['sde_window']: {error}") from None
+        self._check_noise_is_finite(sde_types)
+        return sde_types
 
     def _group_prompts(self, prompts: Sequence[str] | None) -> list[str]:
         if prompts is None:
@@ -294,11 +326,13 @@ class DenoisingVectorEnv(VectorEnv):
             )
         return seeds
 
-    def _start(self, group_prompts: list[str], seeds: torch.Tensor) -> None:
+    def _start(
+        self, group_prompts: list[str], seeds: torch.Tensor, sde_types: tuple[str, ...], record_means: bool
+    ) -> None:
         prompts = tuple(p for p in group_prompts for _ in range(self.group_size))
         self._batch = DenoisingBatch(
-            self.backbone, prompts, self.group_size, seeds, self.sigmas, self.step_sde_types, self.eta,
-            self.log_prob_kind, self.latent_shape, self.device,
+            self.backbone, prompts, self.group_size, seeds, self.sigmas, sde_types, self.eta,
+            self.log_prob_kind, self.latent_shape, self.device, record_means,
         )  # fmt: skip
         self.trajectory = None
 
@@ -317,7 +351,7 @@ class DenoisingVectorEnv(VectorEnv):
             "log_prob": out.log_prob,
             "std": out.std,
             "mean": out.mean,
-            "sde_type": self.step_sde_types[index],
+            "sde_type": self._batch.sde_types[index],
         }
         rewards = torch.zeros(self.num_envs, dtype=torch.float32, device=self.device)
         terminated = self._batch.done

@@ -83,6 +83,29 @@ class RewardOutput:
         """Number of invalid samples."""
         return int((~self.valid).sum())
 
+    def state_dict(self) -> dict[str, Any]:
+        """The scores as tensors, strings and numbers (saved without pickle by the trainer's checkpoints)."""
+        return {
+            "total": self.total,
+            "components": dict(self.components),
+            "valid": self.valid,
+            "errors": list(self.errors),
+            "weights": dict(self.weights),
+            "failed_calls": self.failed_calls,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> RewardOutput:
+        """The inverse of `state_dict`."""
+        return cls(
+            total=state["total"],
+            components=dict(state["components"]),
+            valid=state["valid"],
+            errors=list(state["errors"]),
+            weights={name: float(weight) for name, weight in state["weights"].items()},
+            failed_calls=int(state["failed_calls"]),
+        )
+
     @classmethod
     def concat(cls, parts: Sequence[RewardOutput]) -> RewardOutput:
         """The scores of several batches as one (the same components in each); failed calls add up."""

@@ -15,7 +15,7 @@ from tests.doubles import LinearBackbone, mean_brightness
 SIZE = {"num_frames": 2, "height": 4, "width": 4}
 
 
-def env_for(agent: agents.PolicyGradientAgent, backbone: LinearBackbone) -> DenoisingVectorEnv:
+def env_for(agent: agents.AlgorithmAgent, backbone: LinearBackbone) -> DenoisingVectorEnv:
     cfg = agent.config
     return DenoisingVectorEnv(
         backbone,
@@ -32,7 +32,7 @@ def env_for(agent: agents.PolicyGradientAgent, backbone: LinearBackbone) -> Deno
 
 
 def run_episode(env: DenoisingVectorEnv, agent: Agent, seed: int):
-    observation, _ = env.reset(seed=seed)
+    observation, _ = env.reset(seed=seed, options=agent.rollout_options(env))
     while True:
         observation, _, terminated, _, _ = env.step(agent.act(observation))
         if terminated.all():
@@ -159,7 +159,7 @@ def test_the_readme_loop_trains_every_algorithm_on_the_toy_env() -> None:
     envs = gym.make_vec("sage_env/Toy-v0", num_envs=4, group_size=2)
     for name in sorted(ALGORITHM_CONFIGS):
         agent = agents.make(name, env=envs, learning_rate=3e-3, micro_batch_size=64)
-        observation, _ = envs.reset(seed=0)
+        observation, _ = envs.reset(seed=0, options=agent.rollout_options(envs))
         while True:
             observation, _, terminated, _, _ = envs.step(agent.act(observation))
             if terminated.all():

@@ -27,7 +27,7 @@ def _episodes(env: gym.Env, agent: agents.Agent, count: int) -> list[sage_env.Tr
     """``count`` single-video episodes of one prompt (a GRPO group), as a user runs them."""
     episodes = []
     for seed in range(count):
-        observation, _ = env.reset(seed=seed, options={"prompt": PROMPT})
+        observation, _ = env.reset(seed=seed, options={"prompt": PROMPT, **agent.rollout_options(env)})
         done = False
         while not done:
             observation, _, terminated, truncated, _ = env.step(agent.act(observation))

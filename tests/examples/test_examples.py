@@ -21,7 +21,7 @@ def run_example(name: str, *arguments: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["dance_grpo", "reinforce"])
+@pytest.mark.parametrize("algorithm", ["dance_grpo", "reinforce", "mix_grpo", "diffusion_nft"])
 def test_swap_algorithms_runs_with_any_registered_agent(algorithm: str) -> None:
     output = run_example("swap_algorithms.py", "--algorithm", algorithm, "--iterations", "2",
                          "--prompts-per-batch", "2", "--group-size", "2")

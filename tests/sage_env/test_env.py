@@ -373,3 +373,35 @@ def test_backbone_policy_batches_and_run_episode() -> None:
     assert whole.latents.shape[1] == 5 and torch.equal(whole.seeds, chunked.seeds)
     with pytest.raises(ValueError, match="batch_size"):
         BackbonePolicy(env.backbone, batch_size=0)
+
+
+def test_a_reset_option_chooses_the_episodes_sde_window() -> None:
+    env = make_vector_env(sde_window=(0, 2))
+    env.reset(seed=0, options={"sde_window": (1, 3)})
+    trajectory = run_episode(env, BackbonePolicy(env.backbone), seed=0, options={"sde_window": (1, 3)})
+    assert trajectory.sde_types == ("ode", "sage", "sage", "ode")
+    assert trajectory.trainable.tolist()[0] == [False, True, True, False]
+    steps = []
+    env.reset(seed=0, options={"sde_window": None})  # every step
+    for _ in range(env.num_steps):
+        steps.append(env.step(np.zeros(env.action_space.shape, np.float32))[4]["sde_type"])
+    assert steps == ["sage"] * 4
+    assert run_episode(env, BackbonePolicy(env.backbone), seed=0).sde_types == ("sage", "sage", "ode", "ode")
+
+
+@pytest.mark.parametrize(
+    ("window", "message"),
+    [((2, 2), r"options\['sde_window'\]: sde_window \(2, 2\) must satisfy"), ((0, 9), "must satisfy"),
+     ((0,), "must be None or"), ((0.5, 2), "must be None or"), ("0:2", "must be None or")],
+)  # fmt: skip
+def test_a_bad_sde_window_option_names_the_option(window: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_vector_env().reset(options={"sde_window": window})
+
+
+def test_the_single_environment_passes_the_sde_window_option_on() -> None:
+    env = DenoisingEnv(LinearBackbone(), mean_brightness, PROMPTS, num_steps=4, **SIZE)
+    assert env.num_steps == 4
+    env.reset(seed=0, options={"sde_window": (2, 4)})
+    types = [env.step(np.zeros(env.action_space.shape, np.float32))[4]["sde_type"] for _ in range(4)]
+    assert types == ["ode", "ode", "sage", "sage"]

@@ -96,17 +96,26 @@ class _StopAt(TrainerCallback):
             raise _InterruptedError
 
 
+ALGORITHMS = {  # run-name variant: the algorithm's settings over SETTINGS
+    "nft": {"algorithm": "diffusion_nft", "kl_strategy": "fixed"},  # likelihood-free, its old policy as anchor
+    "mix": {"algorithm": "mix_grpo", "algorithm_args": {"sde_window_size": 2, "sde_window_shift_interval": 1}},
+    "awm": {"algorithm": "awm", "kl_strategy": "fixed", "num_iterations": 1},  # on-policy only
+    "guard": {"algorithm": "grpo_guard"},  # ratio_norm: the rollout's means buffered and checkpointed
+}
+
+
 def build(
     name: str, root: Path, pipelines: dict[str, str], world_size: int, max_steps: int
 ) -> SageGRPOTrainer:
-    """The trainer of run ``name`` (``<model>-<lora|full>[-flat]``) writing into ``root / name``."""
+    """The trainer of run ``name`` (``<model>-<lora|full>[-flat|-nft|-mix|-awm|-guard]``) writing into ``root / name``."""
     model, mode, *variant = name.split("-")
+    algorithm = ALGORITHMS.get(variant[0], {}) if variant else {}
     args = SageGRPOConfig(
         output_dir=str(root / name),
         per_device_train_batch_size=GLOBAL_BATCH // world_size,
         use_cpu=ENGINE != "deepspeed",  # accelerate never uses DeepSpeed with use_cpu (see accelerate_on_cpu)
         **SIZES[model],
-        **{**SETTINGS, "max_steps": max_steps},
+        **{**SETTINGS, "max_steps": max_steps, **algorithm},
     )
     lora = LoraConfig(r=2, lora_alpha=4, init_lora_weights="gaussian") if mode == "lora" else None
     return SageGRPOTrainer(

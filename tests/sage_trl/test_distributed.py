@@ -7,7 +7,9 @@ configs of ``examples/configs/accelerate`` (process count and port overridden, a
 engine switched on for CPU (`tests.sage_trl.accelerate_on_cpu`). Each launch trains the toy and the tiny Wan with
 LoRA and with full fine-tuning, plus the toy with a reward that leaves one process without a pair to train on:
 5 steps, a rollout used for 2 steps (``num_iterations``), dual KL with the moving anchor refreshed after steps 2
-and 4, a checkpoint at step 3 (mid-rollout), a kill after step 4, a resume, the final model in the diffusers format.
+and 4, a checkpoint at step 3 (mid-rollout), a kill after step 4, a resume, the final model in the diffusers format;
+and the toy with DiffusionNFT and AWM (likelihood-free: the old policy, the EMA, is the anchor; AWM on-policy, one pass)
+with MixGRPO (its SDE window moving after every optimizer step) and with GRPO-Guard (the rollout's means buffered).
 
 Tolerances. The two-process run computes the same sums in another order and rolls out 4 videos per forward where
 one process rolls out 8: float32 rounding (~6e-8 relative) differs. The tiny Wan's videos barely depend on the
@@ -42,7 +44,10 @@ from sage_trl.run_folder import layout
 REPOSITORY = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("distributed_run.py")
 CONFIGS = REPOSITORY / "examples" / "configs" / "accelerate"
-RUNS = ("toy-lora", "toy-full", "wan-lora", "wan-full", "toy-lora-flat")
+RUNS = (
+    "toy-lora", "toy-full", "wan-lora", "wan-full", "toy-lora-flat",
+    "toy-lora-nft", "toy-full-mix", "toy-full-awm", "toy-lora-guard",
+)  # fmt: skip
 ENGINES = {  # engine: (the shipped accelerate config, the engine accelerate_on_cpu switches on)
     "ddp": ("ddp_8gpu.yaml", None),
     "fsdp2": ("fsdp2_multinode.yaml", "fsdp"),

@@ -652,3 +652,14 @@ def test_a_symlinked_file_pushes_nothing_from_outside_the_run(
     assert "tester/linked" not in hub.repos
     dry = tmp_path / "dry"
     assert not dry.exists() or all(b"SECRET" not in p.read_bytes() for p in dry.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("algorithm", ["grpo_guard", "mix_grpo", "diffusion_nft", "awm"])
+def test_the_card_names_the_algorithm_that_ran(run_dir: Path, algorithm: str) -> None:
+    from agents import ALGORITHM_CONFIGS
+
+    run = read_run(run_dir)
+    run.config["algorithm"] = algorithm
+    card = render_model_card(run, repo_id=REPO, license="mit")
+    config_class = ALGORITHM_CONFIGS[algorithm]
+    assert config_class.display_name in card.text and config_class.summary in card.text

@@ -212,9 +212,20 @@ class StopAfter(TrainerCallback):
             control.should_training_stop = True
 
 
-def test_resumed_run_matches_the_uninterrupted_run(tmp_path: Path) -> None:
+RESUMED_ALGORITHMS = {  # a policy gradient, one that moves its SDE window each step, a likelihood-free one
+    "sage_grpo": {},
+    "mix_grpo": {"algorithm_args": {"sde_window_size": 2, "sde_window_shift_interval": 1}},
+    "grpo_guard": {},  # its second pass per rollout uses the recorded means
+    "diffusion_nft": {},
+    "awm": {"num_iterations": 1},  # on-policy only
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(RESUMED_ALGORITHMS))
+def test_resumed_run_matches_the_uninterrupted_run(tmp_path: Path, algorithm: str) -> None:
     # num_iterations=2: checkpoint-2 falls in the middle of a rollout's reuse, the hardest case.
     settings = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2, "num_iterations": 2}
+    settings.update(algorithm=algorithm, **RESUMED_ALGORITHMS[algorithm])
     straight = make_trainer(tmp_path / "a", **settings)
     straight.train()
     interrupted = make_trainer(tmp_path / "b", **settings)
@@ -227,7 +238,14 @@ def test_resumed_run_matches_the_uninterrupted_run(tmp_path: Path) -> None:
     expected, actual = named_params(straight.backbone.transformer), named_params(resumed.backbone.transformer)
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=1e-6)
-    assert resumed.algorithm.kl_controller.state_dict() == straight.algorithm.kl_controller.state_dict()
+    assert resumed.algorithm.state_dict().keys() == straight.algorithm.state_dict().keys()
+    for name, value in straight.algorithm.state_dict().items():
+        assert torch.equal(value, resumed.algorithm.state_dict()[name]) if torch.is_tensor(value) else (
+            value == resumed.algorithm.state_dict()[name]
+        ), name
+    if straight.references.anchor is not None:  # the moving anchor, or DiffusionNFT's old policy
+        for name, value in straight.references.anchor.values.items():
+            torch.testing.assert_close(resumed.references.anchor.values[name], value, rtol=0, atol=1e-6)
     assert resumed.algorithm.optimizer_steps == straight.algorithm.optimizer_steps == 4
     losses = [h["loss"] for h in straight.state.log_history if "loss" in h]
     resumed_losses = [h["loss"] for h in resumed.state.log_history if "loss" in h]
