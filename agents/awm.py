@@ -111,6 +111,15 @@ class AWMAgentConfig(LikelihoodFreeConfig):
         0.3, "AWM: the largest decay of the EMA anchor. Published: 0.3.", Real(0.0, 1.0, high_open=True)
     )
 
+    def check_algorithm_rules(self) -> None:
+        """The likelihood-free rules, and one pass per rollout: AWM's log-probability is the current policy's."""
+        super().check_algorithm_rules()
+        if self.num_iterations != 1:
+            raise ValueError(
+                f"num_iterations={self.num_iterations}: AWM trains on-policy only (one pass over each rollout); "
+                "set num_iterations=1."
+            )
+
 
 def stratified_levels(num_steps: int, fraction: float, count: int, generator: torch.Generator) -> torch.Tensor:
     """AWM's ``discrete_wo_init`` levels: one uniformly drawn level from each of ``count`` strata of

@@ -63,8 +63,8 @@ class Agent(ABC):
 
     def rollout_options(self, env: Any) -> dict[str, Any]:
         """The ``reset`` options of the next rollout in ``env`` (a `sage_env` environment, wrapped or vectorised by
-        gymnasium): ``env.reset(seed=..., options=agent.rollout_options(env))``. Empty unless the algorithm chooses
-        its rollout schedule (MixGRPO's moving SDE window)."""
+        gymnasium): ``env.reset(seed=..., options=agent.rollout_options(env))``. Empty unless the algorithm asks for
+        its own rollout (MixGRPO's moving SDE window, GRPO-Guard's recorded means)."""
         return {}
 
 

@@ -231,7 +231,6 @@ class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
         self._check_reward_weights()
         self._check_precision_fits_the_machine()
         GRPOConfig.__post_init__(self)
-        self.algorithm_config()  # the algorithm's own fields (algorithm_args), validated by its config class
 
     def to_dict(self) -> dict[str, Any]:
         """transformers' ``TrainingArguments.to_dict`` (tokens masked, enums as values), not the algorithm's."""
@@ -244,8 +243,9 @@ class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
         return algorithm_spec(self.algorithm).config_class.defaults
 
     def check_algorithm_rules(self) -> None:
-        """The chosen algorithm's rules between its fields (its config class declares them)."""
-        algorithm_spec(self.algorithm).config_class.check_algorithm_rules(self)
+        """The chosen algorithm's rules between its fields and its own fields' checks: its config class, built from
+        this run's values, checks them (a plug-in's rules may call ``super()``, so they run on that class)."""
+        self.algorithm_config()
 
     def _resolve_precision_and_checkpointing(self) -> None:
         if self.bf16 is None:

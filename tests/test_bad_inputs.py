@@ -234,6 +234,12 @@ TRAIN_CASES: list[tuple[list[str], str]] = [
     (["--algorithm_args", '{{"stat_buffer_size": 8}}'], "algorithm_args"),
     (["--algorithm", "ddpo", "--algorithm_args", '{{"nosuch": 1}}'], "nosuch"),
     (["--algorithm", "ddpo", "--algorithm_args", "[1]"], "algorithm_args"),
+    # the algorithms of issue 23: their own rules, before any model load
+    (["--algorithm", "awm", "--num_iterations", "2"], "num_iterations=2: AWM trains on-policy only"),
+    (["--algorithm", "diffusion_nft", "--kl_strategy", "dual"], "kl_strategy='dual' needs transition"),
+    (["--algorithm", "mix_grpo", "--sde_window_size", "0"], "sde_window_size"),
+    (["--algorithm", "diffusion_nft", "--nft_beta", "0"], "nft_beta"),
+    (["--algorithm", "awm", "--awm_weighting", "cubic"], "awm_weighting"),
     (["--bf16", "true", "--use_cpu", "false"], "bf16"),
     (["--preset", "/etc/passwd"], "preset"),
     (["--num_frames", "8", "--resume_from_checkpoint", "{file}"], "{file}"),

@@ -63,3 +63,5 @@ def test_it_trains_on_ode_rollouts_in_the_gymnasium_loop() -> None:
     assert metrics["matching_loss"] > 0
     with pytest.raises(ValueError, match="needs transition log-probabilities"):
         agents.ALGORITHM_CONFIGS["awm"](kl_strategy="moving")
+    with pytest.raises(ValueError, match="num_iterations=2: AWM trains on-policy only"):
+        agents.ALGORITHM_CONFIGS["awm"](num_iterations=2)
