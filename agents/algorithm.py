@@ -33,7 +33,7 @@ import torch
 
 from agents import objective
 from agents.config import KL_STRATEGIES, AlgorithmConfig
-from agents.references import DisabledAdapters, ParameterSnapshot, has_lora_adapters
+from agents.references import DisabledAdapters, ParameterSnapshot, initial_model
 from sage_env import sde
 from sage_env.backbones import PromptConditioning, VideoBackbone
 from sage_env.env import Trajectory
@@ -287,9 +287,7 @@ class PolicyGradientAlgorithm(Algorithm):
         anchor = ParameterSnapshot(module, offload=offload) if strategy in ("moving", "dual") else None
         fixed = None
         if strategy == "fixed":
-            fixed = (
-                DisabledAdapters(module) if has_lora_adapters(module) else ParameterSnapshot(module, offload)
-            )
+            fixed = initial_model(module, offload)
         return References(anchor=anchor, fixed=fixed)
 
     # -- data ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 from agents import objective
 from agents.algorithm import Algorithm, FinalSampleBatch
 from agents.config import AlgorithmConfig
-from agents.references import DisabledAdapters, ParameterSnapshot, has_lora_adapters
+from agents.references import DisabledAdapters, ParameterSnapshot, initial_model
 from sage_env.backbones import VideoBackbone
 from sage_env.env import Trajectory
 from sage_env.sde import get_sde
@@ -22,7 +22,6 @@ from sage_env.sde import get_sde
 __all__ = [
     "LikelihoodFreeAlgorithm",
     "LikelihoodFreeConfig",
-    "check_likelihood_free_rules",
     "initial_model_reference",
     "soft_update_decay",
 ]
@@ -33,16 +32,6 @@ def soft_update_decay(step: int, rate: float, maximum: float, start: int = 0) ->
     steps: 0 for ``start`` steps, then growing by ``rate`` per step up to ``maximum`` (DiffusionNFT's old policy,
     AWM's EMA anchor)."""
     return min(max(step - start, 0) * rate, maximum)
-
-
-def check_likelihood_free_rules(config: object) -> None:
-    """Any sampler (stochastic or not) with a valid ``eta``; a KL to the initial model or none."""
-    get_sde(config.sde).validate_eta(config.eta)
-    if config.kl_strategy not in ("none", "fixed"):
-        raise ValueError(
-            f"kl_strategy={config.kl_strategy!r} needs transition log-probabilities, which a likelihood-free "
-            "algorithm does not compute; use 'fixed' (a KL to the initial model) or 'none'."
-        )
 
 
 @dataclass
@@ -64,7 +53,12 @@ class LikelihoodFreeConfig(AlgorithmConfig):
 
     def check_algorithm_rules(self) -> None:
         """Any sampler (stochastic or not) with a valid ``eta``; a KL to the initial model or none."""
-        check_likelihood_free_rules(self)
+        get_sde(self.sde).validate_eta(self.eta)
+        if self.kl_strategy not in ("none", "fixed"):
+            raise ValueError(
+                f"kl_strategy={self.kl_strategy!r} needs transition log-probabilities, which a likelihood-free "
+                "algorithm does not compute; use 'fixed' (a KL to the initial model) or 'none'."
+            )
 
 
 def initial_model_reference(module: torch.nn.Module, config: object) -> DisabledAdapters | ParameterSnapshot | None:
@@ -72,9 +66,7 @@ def initial_model_reference(module: torch.nn.Module, config: object) -> Disabled
     ``kl_strategy`` is ``none`` or its coefficient ``beta`` is 0."""
     if config.kl_strategy != "fixed" or config.beta == 0:
         return None
-    if has_lora_adapters(module):
-        return DisabledAdapters(module)
-    return ParameterSnapshot(module, config.reference_offload)
+    return initial_model(module, config.reference_offload)
 
 
 class LikelihoodFreeAlgorithm(Algorithm):

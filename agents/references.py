@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["DisabledAdapters", "ParameterSnapshot", "has_lora_adapters", "trainable_parameters"]
+__all__ = ["DisabledAdapters", "ParameterSnapshot", "has_lora_adapters", "initial_model", "trainable_parameters"]
 
 
 def has_lora_adapters(module: torch.nn.Module) -> bool:
@@ -213,3 +213,9 @@ class DisabledAdapters:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Nothing to restore."""
+
+
+def initial_model(module: torch.nn.Module, offload: bool = False) -> DisabledAdapters | ParameterSnapshot:
+    """The initial model as a reference of ``module``: its adapter-free base when LoRA adapters are injected (nothing
+    copied), else a copy of its trainable parameters (on CPU with ``offload``)."""
+    return DisabledAdapters(module) if has_lora_adapters(module) else ParameterSnapshot(module, offload)
