@@ -4,9 +4,10 @@
 settings; or ``policy=backbone``). Algorithms are found by name in any installed package (entry-point group
 ``sage_grpo.algorithms``, `agents.registry`); ``agents.register(name, factory)`` adds a custom agent in-process.
 Built-ins: the policy gradients over SDE transitions ``sage_grpo`` (the paper), ``flow_grpo``, ``dance_grpo``,
-``cps``, ``ddpo``, ``reinforce`` and ``mix_grpo`` (one implementation of their math, `agents.algorithm`), and the
-likelihood-free ``diffusion_nft`` and ``awm`` (`agents.likelihood_free`). The TRL trainer (`sage_trl`) drives them
-too; every algorithm, built in or installed, is an `agents.Algorithm`.
+``cps``, ``ddpo``, ``reinforce``, ``grpo_guard``, ``mix_grpo``, ``mix_grpo_flash`` and ``branch_grpo`` (one
+implementation of their math, `agents.algorithm`), and the likelihood-free ``diffusion_nft`` and ``awm``
+(`agents.likelihood_free`). The TRL trainer (`sage_trl`) drives them too; every algorithm, built in or installed, is
+an `agents.Algorithm`.
 """
 
 from agents.algorithm import (
@@ -17,7 +18,6 @@ from agents.algorithm import (
     PolicyGradientAlgorithm,
     References,
     RowBatch,
-    ScoredTrajectory,
     TrainingBatch,
     TransitionBatch,
 )
@@ -42,6 +42,7 @@ from agents.registry import (
     rollout_settings,
 )
 from agents.reinforce import ReinforceAgentConfig
+from agents.rollout import RolloutShape, ScoredTrajectory
 from agents.sage_grpo import SageGRPOAgentConfig
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "PolicyGradientAlgorithm",
     "References",
     "ReinforceAgentConfig",
+    "RolloutShape",
     "RowBatch",
     "SageGRPOAgentConfig",
     "ScoredTrajectory",

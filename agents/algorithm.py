@@ -5,8 +5,9 @@ An algorithm turns a finished `sage_env.Trajectory` into advantages, a training 
 (a plain gymnasium loop) and `sage_trl.SageGRPOTrainer` (TRL/accelerate) drive any `Algorithm` through the same
 calls, in the same order:
 
-0. ``rollout_options(num_steps)`` before each rollout: the environment ``reset`` options the algorithm's schedule needs
-   (MixGRPO's moving SDE window; none for most);
+0. ``rollout_options(shape)`` before each rollout (``shape``: the environment's schedule and group size, a
+   `RolloutShape`): the environment ``reset`` options the algorithm's rollout needs (MixGRPO's moving SDE window,
+   MixGRPO-Flash's shorter schedule, BranchGRPO's trees; none for most);
 1. ``advantages(trajectory)`` (the trainer calls ``compute_advantages`` on every process's rewards gathered), kept
    with the trajectory as a `ScoredTrajectory` (the one form a rollout takes from the environment to the loss);
 2. ``training_batch(trajectory, advantages, usable, policy, on_policy)`` once per pass over the rollout, split by
@@ -34,6 +35,7 @@ import torch
 from agents import objective
 from agents.config import KL_STRATEGIES, AlgorithmConfig
 from agents.references import DisabledAdapters, ParameterSnapshot, initial_model
+from agents.rollout import RolloutShape
 from sage_env import sde
 from sage_env.backbones import PromptConditioning, VideoBackbone
 from sage_env.env import Trajectory
@@ -46,7 +48,6 @@ __all__ = [
     "PolicyGradientAlgorithm",
     "References",
     "RowBatch",
-    "ScoredTrajectory",
     "TrainingBatch",
     "TransitionBatch",
 ]
@@ -133,45 +134,6 @@ class FinalSampleBatch(RowBatch):
 
 
 @dataclass
-class ScoredTrajectory:
-    """A finished `sage_env.Trajectory` with the advantages its algorithm gave it: what a driver keeps between the
-    rollout and the loss (`sage_trl.SageGRPOTrainer` buffers these, a slice per step, and checkpoints them).
-
-    Args:
-        trajectory: the rollouts (rewarded); its ``sde_types`` are the schedule they were sampled with.
-        advantages: ``(N,)`` per sample; ``usable``: ``(N,)`` bool, the samples carrying a learning signal.
-    """
-
-    trajectory: Trajectory
-    advantages: torch.Tensor
-    usable: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.trajectory)
-
-    def select(self, index: torch.Tensor) -> ScoredTrajectory:
-        """The samples ``index`` (in that order)."""
-        return ScoredTrajectory(
-            self.trajectory.select(index),
-            self.advantages[index.to(self.advantages.device)],
-            self.usable[index.to(self.usable.device)],
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """Tensors, strings and numbers (see `sage_env.Trajectory.state_dict`)."""
-        return {
-            "trajectory": self.trajectory.state_dict(),
-            "advantages": self.advantages,
-            "usable": self.usable,
-        }
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> ScoredTrajectory:
-        """The inverse of `state_dict`."""
-        return cls(Trajectory.from_state_dict(state["trajectory"]), state["advantages"], state["usable"])
-
-
-@dataclass
 class References:
     """The reference policies an algorithm's KL term needs (None where unused)."""
 
@@ -200,11 +162,11 @@ class Algorithm(ABC):
         """The reference policies of the loss, made from the policy module before any update (none by default)."""
         return References()
 
-    def rollout_options(self, num_steps: int) -> dict[str, Any]:
-        """The environment ``reset`` options the next rollout needs on a schedule of ``num_steps`` steps
-        (`sage_env.DenoisingVectorEnv.reset`): how an algorithm that chooses its rollout schedule asks for it,
-        e.g. MixGRPO's ``{"sde_window": (start, end)}`` from its optimizer-step count (which checkpoints restore).
-        Empty by default: the environment's schedule."""
+    def rollout_options(self, shape: RolloutShape) -> dict[str, Any]:
+        """The environment ``reset`` options the next rollout needs, given the environment's schedule and group size
+        (`sage_env.DenoisingVectorEnv.reset`): how an algorithm that chooses its rollout asks for it, e.g. MixGRPO's
+        ``{"sde_window": (start, end)}`` from its optimizer-step count (which checkpoints restore), MixGRPO-Flash's
+        compressed schedule, BranchGRPO's trees. Empty by default: the environment's schedule."""
         return {}
 
     def advantages(self, trajectory: Trajectory) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,7 +254,7 @@ class PolicyGradientAlgorithm(Algorithm):
 
     # -- data ------------------------------------------------------------------------------------
 
-    def rollout_options(self, num_steps: int) -> dict[str, Any]:
+    def rollout_options(self, shape: RolloutShape) -> dict[str, Any]:
         """``{"record_means": True}`` with ``ratio_norm`` (GRPO-Guard needs the rollout's transition means)."""
         return {"record_means": True} if self.config.ratio_norm else {}
 
@@ -319,6 +281,26 @@ class PolicyGradientAlgorithm(Algorithm):
                 f"eta={cfg.eta}, log_prob_kind={cfg.log_prob_kind!r}; build the environment with the same values."
             )
 
+    def transition_advantages(
+        self, trajectory: Trajectory, advantages: torch.Tensor, usable: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(N, T)`` advantage and usability of each transition: its sample's at every step (BranchGRPO: its
+        node's at that step's branch level)."""
+        steps = trajectory.num_steps
+        return advantages[:, None].expand(-1, steps), usable[:, None].expand(-1, steps)
+
+    def transition_weights(self, trajectory: Trajectory) -> torch.Tensor:
+        """``(N, T)`` loss weight of each transition: the temporal gradient equalizer's (Eq. 12), or 1 without it."""
+        cfg = self.config
+        return objective.equalizer_matrix(
+            trajectory.sigmas,
+            trajectory.sde_types,
+            trajectory.eta,
+            cfg.equalizer,
+            eps=cfg.equalizer_eps,
+            median=cfg.equalizer_median,
+        )
+
     def training_batch(
         self,
         trajectory: Trajectory,
@@ -333,15 +315,9 @@ class PolicyGradientAlgorithm(Algorithm):
         """
         self.check_trajectory(trajectory)
         cfg = self.config
-        weights = objective.equalizer_matrix(
-            trajectory.sigmas,
-            trajectory.sde_types,
-            trajectory.eta,
-            cfg.equalizer,
-            eps=cfg.equalizer_eps,
-            median=cfg.equalizer_median,
-        )
-        trainable = trajectory.trainable & usable.to(trajectory.trainable.device)[:, None]
+        weights = self.transition_weights(trajectory)
+        step_advantages, step_usable = self.transition_advantages(trajectory, advantages, usable)
+        trainable = trajectory.trainable & step_usable.to(trajectory.trainable.device)
         samples, steps = objective.select_timesteps(
             trainable, cfg.timestep_fraction, self.generator, cfg.timestep_permutation
         )
@@ -359,7 +335,7 @@ class PolicyGradientAlgorithm(Algorithm):
             sigma=trajectory.sigmas[samples_d, steps_d],
             sigma_next=trajectory.sigmas[samples_d, steps_d + 1],
             old_log_prob=trajectory.log_probs[samples_d, steps_d],
-            advantages=advantages.to(device)[samples_d],
+            advantages=step_advantages.to(device)[samples_d, steps_d],
             weights=weights.to(device)[samples_d, steps_d],
             sample_index=samples_d,
             step_index=steps_d,

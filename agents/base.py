@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from agents.algorithm import Algorithm, TrainingBatch
+from agents.rollout import RolloutShape
 from sage_env.backbones import VideoBackbone
 from sage_env.checks import Integer, check_fields, hyperparameter
 from sage_env.env import BackbonePolicy, Trajectory
@@ -127,8 +128,9 @@ class AlgorithmAgent(Agent):
         return self._act(observation)
 
     def rollout_options(self, env: Any) -> dict[str, Any]:
-        """The algorithm's `agents.Algorithm.rollout_options` for ``env``'s number of steps."""
-        return self.algorithm.rollout_options(environment_attributes(env, ("num_steps",))["num_steps"])
+        """The algorithm's `agents.Algorithm.rollout_options` for ``env``'s schedule and group size."""
+        shape = environment_attributes(env, ("sigmas", "group_size"))
+        return self.algorithm.rollout_options(RolloutShape(torch.as_tensor(shape["sigmas"]), shape["group_size"]))
 
     def update(self, trajectory: Trajectory | Sequence[Trajectory]) -> dict[str, float]:
         """``num_iterations`` passes over the rollout, ``num_minibatches`` optimizer steps each.

@@ -359,6 +359,10 @@ class AlgorithmConfig:
                 f"kl_coef_min ({self.kl_coef_min}) must not exceed beta ({self.beta}), the largest KL coefficient."
             )
 
+    def check_group_size(self, group_size: int) -> None:
+        """Raise ``ValueError`` unless the algorithm can train on groups of ``group_size`` samples per prompt (every
+        size by default; BranchGRPO needs a power of its branching factor). Drivers call it before any rollout."""
+
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict."""
         return asdict(self)

@@ -10,8 +10,7 @@ Flow-GRPO's SDE with eta 0.7 inside the window, Euler outside; PPO clip 1e-4, ad
 Differences from that code, on purpose: the window is indexed by optimizer steps (one per rollout in its scripts,
 so the same count there); its last start is ``num_steps - 2`` as there, but where its window would be empty for
 25 iterations before rolling back (start ``num_steps - 2`` with its ``max_timesteps`` exclusive), ours keeps one
-step; MixGRPO-Flash (a compressed DPM-Solver++ schedule after the window) is not included: it changes the
-schedule per rollout, which the environment does not support yet.
+step. MixGRPO-Flash (a compressed DPM-Solver++ schedule after the window) is `agents.mix_grpo_flash`.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import Any, ClassVar
 
 from agents.algorithm import PolicyGradientAlgorithm
 from agents.config import AlgorithmConfig
+from agents.rollout import RolloutShape
 from sage_env import sde
 from sage_env.checks import Integer, hyperparameter
 from sage_env.env import Trajectory
@@ -103,9 +103,9 @@ class MixGRPOAlgorithm(PolicyGradientAlgorithm):
             cfg.sde_window_stride,
         )
 
-    def rollout_options(self, num_steps: int) -> dict[str, Any]:
+    def rollout_options(self, shape: RolloutShape) -> dict[str, Any]:
         """``{"sde_window": (start, end)}``: the next rollout samples with the SDE only there."""
-        return {**super().rollout_options(num_steps), "sde_window": self.window(num_steps)}
+        return {**super().rollout_options(shape), "sde_window": self.window(shape.num_steps)}
 
     def check_trajectory(self, trajectory: Trajectory) -> None:
         """Also refuse a rollout with more SDE steps than the window: it was not sampled with `rollout_options`."""

@@ -182,7 +182,10 @@ def make(name: str, policy: VideoBackbone | None = None, *, env: Any = None, **c
         )
     if custom:
         return AGENT_REGISTRY[name](policy=policy, **config)
-    return _algorithm_agent(name, policy, config)
+    agent = _algorithm_agent(name, policy, config)
+    if env is not None:
+        agent.config.check_group_size(environment_attributes(env, ("group_size",))["group_size"])
+    return agent
 
 
 def list_agents() -> list[str]:

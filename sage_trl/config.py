@@ -244,8 +244,9 @@ class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
 
     def check_algorithm_rules(self) -> None:
         """The chosen algorithm's rules between its fields and its own fields' checks: its config class, built from
-        this run's values, checks them (a plug-in's rules may call ``super()``, so they run on that class)."""
-        self.algorithm_config()
+        this run's values, checks them (a plug-in's rules may call ``super()``, so they run on that class), and the
+        group size (``num_generations``) its rollouts need."""
+        self.algorithm_config().check_group_size(self.num_generations)
 
     def _resolve_precision_and_checkpointing(self) -> None:
         if self.bf16 is None:

@@ -26,7 +26,7 @@ from transformers import TrainerCallback, set_seed
 from transformers.utils import logging
 from trl import GRPOTrainer
 
-from agents import ALGORITHM_CLASSES, Algorithm, References, ScoredTrajectory
+from agents import ALGORITHM_CLASSES, Algorithm, References, RolloutShape, ScoredTrajectory
 from sage_env.backbones import VideoBackbone
 from sage_env.env import BackbonePolicy, Trajectory, run_episode
 from sage_env.rewards import CompositeReward, RewardFailureMonitor
@@ -191,7 +191,11 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
             self.backbone.offload_text_encoders()
         was_training = self.backbone.transformer.training
         self.backbone.transformer.eval()
-        options = {**self.algorithm.rollout_options(self.env.num_steps), "prompts": prompts, "seeds": seeds}
+        options = {
+            **self.algorithm.rollout_options(RolloutShape(self.env.sigmas, self.num_generations)),
+            "prompts": prompts,
+            "seeds": seeds,
+        }
         try:
             return run_episode(self.env, policy, options=options)
         finally:
@@ -267,8 +271,9 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         self._metrics["train"]["advantage_mean_abs"].append(
             float(advantages[usable].abs().mean()) if usable.any() else 0.0
         )
+        signal = usable.reshape(len(usable), -1).any(1)  # per sample (BranchGRPO's are per tree level too)
         self._metrics["train"]["frac_groups_without_signal"].append(
-            float((~usable[valid]).float().mean()) if valid.any() else 1.0
+            float((~signal[valid]).float().mean()) if valid.any() else 1.0
         )
         return advantages[local].to(device), usable[local].to(device)
 

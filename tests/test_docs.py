@@ -168,7 +168,6 @@ def _python_files() -> list[Path]:
     return sorted({b.path for b in ALL_BLOCKS if b.language == "python" and b.runs})
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_python_blocks_run(path: Path, tmp_path: Path) -> None:
     blocks = [b for b in ALL_BLOCKS if b.path == path and b.language == "python" and b.runs]

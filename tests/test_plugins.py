@@ -116,7 +116,6 @@ def test_agents_make_and_gym_make_find_every_kind(plugin_path: Path) -> None:
     assert "trained True" in done.stdout
 
 
-@pytest.mark.slow
 def test_sage_train_runs_the_plugins_and_records_them(plugin_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     command = [

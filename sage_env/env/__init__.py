@@ -8,7 +8,8 @@ numpy values by default, as gymnasium's checker and wrappers expect; ``array_mod
 Modules: `sage_env.env.vector` (the batched env), `sage_env.env.single` (the single-video env),
 `sage_env.env.spaces` (observation and action spaces, `PromptSpace`), `sage_env.env.trajectory` (the
 recorded `Trajectory`), `sage_env.env.denoising` (`DenoisingBatch`, the one sampler both envs step, and `sample` /
-`sample_videos`, which sample from a backbone without an agent), `sage_env.env.policy` (`BackbonePolicy`,
+`sample_videos`, which sample from a backbone without an agent), `sage_env.env.episode` (an episode's schedule from
+its ``reset`` options), `sage_env.env.branching` (tree-shaped rollouts), `sage_env.env.policy` (`BackbonePolicy`,
 `run_episode`).
 """
 

@@ -17,6 +17,7 @@ import torch
 
 from sage_env import sde
 from sage_env.backbones import VideoBackbone
+from sage_env.env.branching import BranchPlan
 from sage_env.env.trajectory import Trajectory, TrajectoryRecorder
 from sage_env.models import SamplingDefaults
 from sage_env.rewards import CompositeReward
@@ -44,6 +45,10 @@ class DenoisingBatch:
         eta, log_prob_kind: the SDE's exploration scale and how transitions are scored.
         latent_shape: one sample's latent shape; ``device``: where latents live.
         record_means: also record each transition's mean (`Trajectory.means`).
+        branching: the episode's trees (`sage_env.env.branching`): the lanes of a node share its first lane's
+            starting noise, velocity and step noise until the node splits. None: every lane on its own.
+        ode_solver: ``"euler"``, or ``"dpmsolver++"``: the deterministic steps after the last SDE step take the
+            second-order multistep DPM-Solver++ step (`sage_env.sde.multistep`; the last step stays Euler).
     """
 
     def __init__(
@@ -59,16 +64,27 @@ class DenoisingBatch:
         latent_shape: tuple[int, ...],
         device: torch.device,
         record_means: bool = False,
+        branching: BranchPlan | None = None,
+        ode_solver: str = "euler",
     ) -> None:
         self.backbone, self.prompts, self.seeds = backbone, prompts, seeds
         self.sde_types, self.eta, self.log_prob_kind = sde_types, eta, log_prob_kind
         self.generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
         self.latents = sde.sample_noise((len(prompts), *latent_shape), self.generators, device)
+        self.branching = branching
+        if branching is not None:  # a tree starts from its first lane's noise
+            self.latents = self.latents[branching.representatives(0).to(device)]
         self.sigmas = sigmas.to(device).expand(len(prompts), -1)
         self.step_index = 0
+        stochastic = [index for index, name in enumerate(sde_types) if sde.get_sde(name).stochastic]
+        # Steps after the last SDE step that take the second-order update (not the last: lower-order final).
+        self._second_order = range(stochastic[-1] + 1 if stochastic else 0, len(sde_types) - 1)
+        self._multistep = ode_solver == "dpmsolver++"
+        self._previous_prediction: tuple[torch.Tensor, torch.Tensor] | None = None
         self.recorder = TrajectoryRecorder(
-            prompts, group_size, seeds, self.sigmas, self.latents, sde_types, eta, log_prob_kind, record_means
-        )
+            prompts, group_size, seeds, self.sigmas, self.latents, sde_types, eta, log_prob_kind, record_means,
+            branching,
+        )  # fmt: skip
 
     @property
     def num_steps(self) -> int:
@@ -89,6 +105,8 @@ class DenoisingBatch:
         """Apply the current step's SDE to the latents with ``velocity`` (float32, validated by the caller), record
         the transition, and return it."""
         index = self.step_index
+        if self.branching is not None:  # a node moves with its first lane's velocity (one prediction per node)
+            velocity = velocity[self.branching.representatives(self.branching.level(index - 1)).to(velocity.device)]
         with torch.no_grad():  # the rollout is data; learners recompute log-probs with gradients
             out = sde.step(
                 self.sde_types[index],
@@ -100,9 +118,33 @@ class DenoisingBatch:
                 generator=self.generators,
                 log_prob_kind=self.log_prob_kind,
             )
+        if self._multistep:
+            out = self._with_multistep_correction(out, velocity, index)
+        if self.branching is not None:  # each node after this step takes its first lane's transition
+            out = _select_lanes(out, self.branching.representatives(self.branching.level(index)))
         self.recorder.record(out)
         self.latents, self.step_index = out.x_next, index + 1
         return out
+
+    def _with_multistep_correction(
+        self, out: sde.SDEStepOutput, velocity: torch.Tensor, index: int
+    ) -> sde.SDEStepOutput:
+        """Keep this step's data prediction ``x - sigma v``; on a second-order step add DPM-Solver++'s correction."""
+        sigma = self.sigmas[:, index]
+        prediction = self.latents.float() - sigma.view(-1, *[1] * (self.latents.ndim - 1)) * velocity.float()
+        previous, self._previous_prediction = self._previous_prediction, (prediction, sigma)
+        if index not in self._second_order or previous is None:
+            return out
+        correction = sde.dpm_solver_2m_correction(
+            prediction, previous[0], previous[1], sigma, self.sigmas[:, index + 1]
+        )
+        return sde.SDEStepOutput(
+            x_next=out.x_next + correction,
+            mean=out.mean + correction,
+            std=out.std,
+            log_prob=out.log_prob,
+            trainable=out.trainable,
+        )
 
     def finish(self, reward: CompositeReward | None = None, fps: float | None = None) -> Trajectory:
         """Decode the final latents and, with a ``reward``, score them: the recorded `Trajectory` (its ``rewards``
@@ -115,6 +157,17 @@ class DenoisingBatch:
             videos = self.backbone.decode(self.latents)
         rewards = reward(videos, self.prompts, fps=fps) if reward is not None else None
         return self.recorder.finish(rewards, videos)
+
+
+def _select_lanes(out: sde.SDEStepOutput, lanes: torch.Tensor) -> sde.SDEStepOutput:
+    lanes = lanes.to(out.x_next.device)
+    return sde.SDEStepOutput(
+        x_next=out.x_next[lanes],
+        mean=out.mean[lanes],
+        std=out.std[lanes],
+        log_prob=out.log_prob[lanes],
+        trainable=out.trainable[lanes],
+    )
 
 
 def sample(

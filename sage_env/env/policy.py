@@ -17,11 +17,17 @@ __all__ = ["BackbonePolicy", "run_episode"]
 class BackbonePolicy:
     """A backbone used as the policy: observation -> velocity (with classifier-free guidance), no gradients.
 
+    Consecutive sub-environments with identical observations (the lanes of a branched rollout's node, see
+    `sage_env.env.branching`) share one forward: a tree costs one transformer row per node, not per leaf.
+
     Args:
         backbone: the video model.
         guidance_scale: CFG scale (None: the backbone's default).
         negative_prompt: negative prompt for CFG (None: the backbone's default).
         batch_size: videos per transformer forward (None: the whole batch at once).
+        share_identical_rows: one forward for consecutive identical observations (True), or every row its own
+            (False: what `sage_trl`'s preflight traces, whose fake tensors hold no values to compare; the full batch
+            bounds the memory either way).
     """
 
     def __init__(
@@ -30,10 +36,12 @@ class BackbonePolicy:
         guidance_scale: float | None = 1.0,
         negative_prompt: str | None = None,
         batch_size: int | None = None,
+        share_identical_rows: bool = True,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}.")
         self.backbone, self.guidance_scale = backbone, guidance_scale
+        self.share_identical_rows = share_identical_rows
         self.negative_prompt, self.batch_size = negative_prompt, batch_size
 
     @torch.no_grad()
@@ -49,7 +57,18 @@ class BackbonePolicy:
             return self(batched)[0]
         latents = torch.as_tensor(observation["latents"], device=self.backbone.device)
         sigma = torch.as_tensor(observation["sigma"], device=self.backbone.device)
-        conditioning = self.backbone.encode_prompts(list(observation["prompt"]), self.negative_prompt)
+        prompts = list(observation["prompt"])
+        if not self.share_identical_rows:
+            return self._velocity(latents, sigma, prompts)
+        distinct = _differs_from_previous(latents, sigma, prompts)
+        if not bool(distinct.all()):  # a branched rollout's shared prefix: one forward per node
+            rows = distinct.nonzero().squeeze(1)
+            velocity = self._velocity(latents[rows], sigma[rows], [prompts[i] for i in rows.tolist()])
+            return velocity[torch.cumsum(distinct, 0) - 1]
+        return self._velocity(latents, sigma, prompts)
+
+    def _velocity(self, latents: torch.Tensor, sigma: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        conditioning = self.backbone.encode_prompts(prompts, self.negative_prompt)
         size = self.batch_size or len(latents)
         parts = [
             self.backbone.predict_velocity(
@@ -61,6 +80,14 @@ class BackbonePolicy:
             for start in range(0, len(latents), size)
         ]
         return torch.cat(parts)
+
+
+def _differs_from_previous(latents: torch.Tensor, sigma: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """``(N,)`` bool: row ``i`` is not an exact copy (latents, sigma, prompt) of row ``i - 1`` (row 0 always True).
+    The lanes of a branched rollout's node are such copies (`sage_env.env.branching`); other rollouts have none."""
+    same = (latents[1:] == latents[:-1]).flatten(1).all(1) & (sigma[1:] == sigma[:-1])
+    same &= torch.tensor([a == b for a, b in zip(prompts[1:], prompts[:-1])], device=latents.device, dtype=torch.bool)
+    return torch.cat([torch.ones(1, dtype=torch.bool, device=latents.device), ~same])
 
 
 def run_episode(

@@ -100,6 +100,16 @@ class DenoisingEnv(gym.Env):
         return self._vector.num_steps
 
     @property
+    def sigmas(self) -> torch.Tensor:
+        """The schedule of an episode (``(num_steps + 1,)``, 1 down to 0)."""
+        return self._vector.sigmas
+
+    @property
+    def group_size(self) -> int:
+        """Videos per prompt in an episode: 1 (make GRPO groups with `Trajectory.concat` of several episodes)."""
+        return 1
+
+    @property
     def sde(self) -> str:
         """The SDE type of the stochastic steps (see `DenoisingVectorEnv`)."""
         return self._vector.sde
@@ -120,15 +130,16 @@ class DenoisingEnv(gym.Env):
         return self._vector.sde_window
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
-        """Start a new video; ``options`` may carry ``{"prompt": str, "seed": int, "sde_window": (start, end),
-        "record_means": bool}`` (the last two: see `DenoisingVectorEnv.reset`)."""
+        """Start a new video; ``options`` may carry ``{"prompt": str, "seed": int}`` and the schedule options
+        ``sigmas``, ``sde_window``, ``ode_solver``, ``record_means`` (see `DenoisingVectorEnv.reset`)."""
         super().reset(seed=seed)
         options = dict(options or {})
-        passed_on = ("sde_window", "record_means")
+        passed_on = ("sigmas", "sde_window", "ode_solver", "record_means")
         unknown = set(options) - {"prompt", "seed", *passed_on}
         if unknown:
             raise ValueError(
-                f"Unknown reset options {sorted(unknown)}; allowed: 'prompt', 'seed', 'sde_window', 'record_means'."
+                f"Unknown reset options {sorted(unknown)}; allowed: 'prompt', 'seed', "
+                f"{', '.join(map(repr, passed_on))}."
             )
         vector_options = {key: options[key] for key in passed_on if key in options}
         if "prompt" in options:

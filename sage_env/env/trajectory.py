@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from sage_env import sde
+from sage_env.env.branching import BranchPlan
 from sage_env.rewards import RewardOutput
 
 __all__ = ["Trajectory", "TrajectoryRecorder"]
@@ -37,6 +38,9 @@ class Trajectory:
         videos: the decoded final videos ``(N, F, 3, H, W)`` in [0, 1] (None until the episode ends).
         means: ``(N, T, *latent_shape)`` the mean of each transition, recorded only when the episode was reset with
             ``options={"record_means": True}`` (GRPO-Guard's ratio normalisation needs it); None otherwise.
+        branch_steps, branch_factor: the trees the samples are leaves of, when the episode was reset with
+            ``options={"branch_steps": [...]}`` (`sage_env.env.branching`: trees of ``branch_factor **
+            len(branch_steps)`` consecutive samples, split at those steps); ``()`` and 1: no trees.
     """
 
     prompts: tuple[str, ...]
@@ -53,6 +57,8 @@ class Trajectory:
     rewards: RewardOutput | None = None
     videos: torch.Tensor | None = None
     means: torch.Tensor | None = None
+    branch_steps: tuple[int, ...] = ()
+    branch_factor: int = 1
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -75,16 +81,10 @@ class Trajectory:
             raise ValueError("Cannot concatenate an empty list of trajectories.")
         first = parts[0]
         for part in parts[1:]:
-            same = (part.sde_types, part.eta, part.log_prob_kind, part.latents.shape[1:]) == (
-                first.sde_types,
-                first.eta,
-                first.log_prob_kind,
-                first.latents.shape[1:],
-            )
-            if not same:
+            if _settings(part) != _settings(first):
                 raise ValueError(
-                    "Trajectories sampled with different settings (steps, SDE types, eta, log_prob_kind or video size) "
-                    "cannot be concatenated; sample them from one environment."
+                    "Trajectories sampled with different settings (steps, SDE types, eta, log_prob_kind, video size "
+                    "or branching) cannot be concatenated; sample them from one environment."
                 )
         if any(part.rewards is None for part in parts):
             raise ValueError("Every trajectory must be finished (rewarded) before they are concatenated.")
@@ -126,6 +126,7 @@ class Trajectory:
         values = dict(state)
         values["prompts"] = tuple(values["prompts"])
         values["sde_types"] = tuple(values["sde_types"])
+        values["branch_steps"] = tuple(values.get("branch_steps", ()))
         if values.get("rewards") is not None:
             values["rewards"] = RewardOutput.from_state_dict(values["rewards"])
         return cls(**values)
@@ -144,6 +145,18 @@ class Trajectory:
                 value = _select_rewards(value, index)
             values[field_.name] = value
         return replace(self, **values)
+
+
+def _settings(trajectory: Trajectory) -> tuple[Any, ...]:
+    """What two trajectories must share to be concatenated."""
+    return (
+        trajectory.sde_types,
+        trajectory.eta,
+        trajectory.log_prob_kind,
+        trajectory.latents.shape[1:],
+        trajectory.branch_steps,
+        trajectory.branch_factor,
+    )
 
 
 def _select_rewards(rewards: RewardOutput, index: torch.Tensor) -> RewardOutput:
@@ -167,6 +180,7 @@ class TrajectoryRecorder:
         initial_latents: ``(N, *latent_shape)`` the starting noise.
         sde_types, eta, log_prob_kind: the SDE settings of the ``T`` steps.
         record_means: also keep each transition's mean (`Trajectory.means`).
+        branching: the episode's trees (`Trajectory.branch_steps`, ``branch_factor``), None without.
     """
 
     def __init__(
@@ -180,6 +194,7 @@ class TrajectoryRecorder:
         eta: float,
         log_prob_kind: str,
         record_means: bool = False,
+        branching: BranchPlan | None = None,
     ) -> None:
         self._static = {
             "prompts": prompts,
@@ -189,6 +204,8 @@ class TrajectoryRecorder:
             "sde_types": sde_types,
             "eta": eta,
             "log_prob_kind": log_prob_kind,
+            "branch_steps": branching.branch_steps if branching is not None else (),
+            "branch_factor": branching.branch_factor if branching is not None else 1,
         }
         self._steps: dict[str, list[torch.Tensor]] = {
             "latents": [initial_latents],

@@ -14,14 +14,16 @@ from gymnasium.vector.utils import batch_space
 
 from sage_env import sde
 from sage_env.backbones import VideoBackbone, load_backbone, resolve_torch_dtype
+from sage_env.env.branching import BRANCH_OPTIONS, BranchPlan
 from sage_env.env.denoising import DenoisingBatch, step_sde_types
+from sage_env.env.episode import SCHEDULE_OPTIONS, EpisodeSchedule, check_noise_is_finite
 from sage_env.env.spaces import VELOCITY_BOUND, denoising_spaces, prompt_list
 from sage_env.env.trajectory import Trajectory
 from sage_env.rewards import CompositeReward, as_composite_reward
 
 __all__ = ["ARRAY_MODES", "RESET_OPTIONS", "DenoisingVectorEnv", "validate_sde_settings"]
 
-RESET_OPTIONS = ("prompts", "seeds", "sde_window", "record_means")
+RESET_OPTIONS = ("prompts", "seeds", *SCHEDULE_OPTIONS, *BRANCH_OPTIONS)
 """The keys `DenoisingVectorEnv.reset` accepts in ``options``."""
 
 ARRAY_MODES = ("numpy", "torch")
@@ -73,6 +75,14 @@ class DenoisingVectorEnv(VectorEnv):
 
     Per-sample Gaussian noise drawn from per-sample generators seeded from ``reset(seed=...)`` (or the
     ``seeds`` option), at ``sigma = 1``.
+
+    Branched rollouts (BranchGRPO): ``reset(options={"branch_steps": [0, 3], "branch_factor": 2})`` makes each
+    block of ``branch_factor ** len(branch_steps)`` consecutive sub-environments (one prompt's group) a tree
+    (`sage_env.env.branching`): they start from the block's first noise and move as one node, with that node's
+    first sub-environment's velocity and noise, until a branch step's transition splits every node into
+    ``branch_factor`` children, each continuing with its own first sub-environment's generator. The samples are
+    the tree's leaves; their shared prefixes are bit-identical (the actions of a node's other sub-environments are
+    not used before it splits; `sage_env.env.BackbonePolicy` computes one velocity per node).
 
     ## Episode End
 
@@ -166,7 +176,7 @@ class DenoisingVectorEnv(VectorEnv):
         self.num_steps = len(self.sigmas) - 1
         self.step_sde_types = step_sde_types(sde, self.num_steps, sde_window)
         self.sde, self.eta, self.sde_window, self.log_prob_kind = sde, float(eta), sde_window, log_prob_kind
-        self._check_noise_is_finite(self.step_sde_types)
+        check_noise_is_finite(self.step_sde_types, self.sigmas, self.eta)
         num_frames, height, width = self._video_size(num_frames, height, width)
         self.latent_shape = tuple(self.backbone.latent_shape(num_frames, height, width))
         self.num_frames, self.height, self.width = num_frames, height, width
@@ -227,18 +237,6 @@ class DenoisingVectorEnv(VectorEnv):
         sde.validate_sigma_schedule(sigmas)
         return sigmas
 
-    def _check_noise_is_finite(self, sde_types: tuple[str, ...]) -> None:
-        """Every step's noise std over this schedule is a float32 number (an absurd eta would overflow it)."""
-        for index, sde_type in enumerate(sde_types):
-            std = sde.noise_std(
-                sde_type, self.sigmas[index : index + 1], self.sigmas[index + 1 : index + 2], self.eta
-            )
-            if not torch.isfinite(std).all():
-                raise ValueError(
-                    f"eta={self.eta:g} makes the {sde_type} noise std of step {index} non-finite on this schedule; "
-                    "typical eta: 0.3-1.0."
-                )
-
     # -- reset -----------------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
@@ -249,8 +247,14 @@ class DenoisingVectorEnv(VectorEnv):
             options: ``{"prompts": [...]}`` one prompt per group (``num_envs // group_size``) instead of
                 sampling from the prompt list; ``{"seeds": [...]}`` one seed per sample; ``{"sde_window": (start,
                 end)}`` this episode's SDE steps instead of the construction's ``sde_window`` (None: every step);
-                ``{"record_means": True}`` also records each transition's mean (`Trajectory.means`). That is how an
-                algorithm asks for its rollout (MixGRPO's sliding window, GRPO-Guard's means):
+                ``{"sigmas": [...]}`` this episode's schedule (from 1 to 0, at most ``num_steps`` steps) instead of
+                the construction's; ``{"ode_solver": "dpmsolver++"}`` solves the deterministic steps after the
+                episode's last SDE step with second-order multistep DPM-Solver++ instead of Euler
+                (`sage_env.sde.multistep`); ``{"record_means": True}`` also records each transition's mean
+                (`Trajectory.means`);
+                ``{"branch_steps": [...], "branch_factor": 2}`` rolls out trees that split at those steps (see
+                Starting State). That is how an algorithm asks for its rollout (MixGRPO's sliding window,
+                GRPO-Guard's means, MixGRPO-Flash's compressed schedule, BranchGRPO's trees):
                 ``reset(options=agent.rollout_options(env))``.
         """
         super().reset(seed=seed)
@@ -262,33 +266,17 @@ class DenoisingVectorEnv(VectorEnv):
             raise ValueError(
                 f"Unknown reset options {sorted(unknown)}; allowed: {', '.join(map(repr, RESET_OPTIONS))}."
             )
-        sde_types = self._episode_sde_types(options)
-        record_means = options.get("record_means", False)
-        if not isinstance(record_means, bool):
-            raise ValueError(f"options['record_means'] must be True or False, got {record_means!r}.")
+        schedule = EpisodeSchedule.from_options(options, self)
         group_prompts = self._group_prompts(options.get("prompts"))
         seeds = self._sample_seeds(options.get("seeds"))
-        self._start(group_prompts, seeds, sde_types, record_means)
+        prompts = tuple(p for p in group_prompts for _ in range(self.group_size))
+        branching = BranchPlan.from_options(options, schedule.sde_types, prompts)
+        self._batch = DenoisingBatch(
+            self.backbone, prompts, self.group_size, seeds, schedule.sigmas, schedule.sde_types, self.eta,
+            self.log_prob_kind, self.latent_shape, self.device, schedule.record_means, branching, schedule.ode_solver,
+        )  # fmt: skip
+        self.trajectory = None
         return self._observation(), {"seeds": self._to_array(self._batch.seeds)}
-
-    def _episode_sde_types(self, options: dict[str, Any]) -> tuple[str, ...]:
-        """The SDE type of each step of this episode: ``options["sde_window"]``'s when given, else the construction's."""
-        if "sde_window" not in options:
-            return self.step_sde_types
-        window = options["sde_window"]
-        if window is not None and (
-            not isinstance(window, (tuple, list))
-            or len(window) != 2
-            or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in window)
-        ):
-            raise ValueError(f"options['sde_window'] must be None or (start, end) integers, got {window!r}.")
-        try:
-            bounds = None if window is None else (int(window[0]), int(window[1]))
-            sde_types = step_sde_types(self.sde, self.num_steps, bounds)
-        except ValueError as error:
-            raise ValueError(f"options['sde_window']: {error}") from None
-        self._check_noise_is_finite(sde_types)
-        return sde_types
 
     def _group_prompts(self, prompts: Sequence[str] | None) -> list[str]:
         if prompts is None:
@@ -325,16 +313,6 @@ class DenoisingVectorEnv(VectorEnv):
                 f"options['seeds'] needs one seed per sample ({self.num_envs}), got {tuple(seeds.shape)}."
             )
         return seeds
-
-    def _start(
-        self, group_prompts: list[str], seeds: torch.Tensor, sde_types: tuple[str, ...], record_means: bool
-    ) -> None:
-        prompts = tuple(p for p in group_prompts for _ in range(self.group_size))
-        self._batch = DenoisingBatch(
-            self.backbone, prompts, self.group_size, seeds, self.sigmas, sde_types, self.eta,
-            self.log_prob_kind, self.latent_shape, self.device, record_means,
-        )  # fmt: skip
-        self.trajectory = None
 
     # -- step ------------------------------------------------------------------------------------
 

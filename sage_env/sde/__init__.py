@@ -15,7 +15,8 @@ ode           ``0``                                                       ``x - 
 
 Each unit's docstring states the published implementation it matches. `step` is the inner arithmetic the
 environment and the loss call (no validation, no host synchronisation); `sde_step` validates and then steps.
-Schedules: `flow_match_sigmas`, `sigmas_from_scheduler`. The equalizer: `gradient_scale`, `equalizer_weights`.
+Schedules: `flow_match_sigmas`, `sigmas_from_scheduler`. Higher-order deterministic steps (never trained):
+`sage_env.sde.multistep`. The equalizer: `gradient_scale`, `equalizer_weights`.
 """
 
 from sage_env.plugins import own_names
@@ -39,6 +40,7 @@ from sage_env.sde.equalizer import (
     noise_std,
 )
 from sage_env.sde.flow_grpo import FlowGRPOSDE
+from sage_env.sde.multistep import ODE_SOLVERS, dpm_solver_2m_correction, half_log_snr
 from sage_env.sde.ode import ODE
 from sage_env.sde.sage import SAGE_SIGMA_MAX, SageSDE
 from sage_env.sde.schedule import flow_match_sigmas, sigmas_from_scheduler, validate_sigma_schedule
@@ -61,6 +63,7 @@ __all__ = [
     "LOG_PROB_KINDS",
     "MEDIAN_KINDS",
     "ODE",
+    "ODE_SOLVERS",
     "SAGE_SIGMA_MAX",
     "SDE",
     "SDES",
@@ -70,11 +73,13 @@ __all__ = [
     "FlowGRPOSDE",
     "SDEStepOutput",
     "SageSDE",
+    "dpm_solver_2m_correction",
     "equalizer_weights",
     "flow_match_sigmas",
     "gaussian_log_prob",
     "get_sde",
     "gradient_scale",
+    "half_log_snr",
     "mean_velocity_sensitivity",
     "noise_std",
     "register_sde",

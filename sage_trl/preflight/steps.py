@@ -203,7 +203,11 @@ def rollout_phase(run: TrainingRun, step: int = 0) -> torch.Tensor:
         "prompt": tuple(round_prompts(run.config)),
     }
     policy = BackbonePolicy(
-        run.backbone, run.guidance_scale, run.negative_prompt, run.config.rollout_batch_size
+        run.backbone,
+        run.guidance_scale,
+        run.negative_prompt,
+        run.config.rollout_batch_size,
+        share_identical_rows=False,  # fake tensors: nothing to compare; every row is the bound
     )
     run.backbone.transformer.eval()
     try:

@@ -49,17 +49,27 @@ def _make_env(env_id: str, request: pytest.FixtureRequest) -> gym.Env:
     return gym.make(env_id, backbone=str(path), reward_fn=mean_brightness, num_steps=2, **TINY_VIDEO_SIZE)
 
 
+TREES = {"branch_grpo"}
+"""Algorithms whose group is one tree of rollouts: a vector environment's group, never single-video episodes."""
+
+
 @pytest.mark.parametrize("env_id", sorted(sage_env.ENV_IDS))
 def test_every_algorithm_trains_on_a_single_environment_of_every_registered_id(
     env_id: str, request: pytest.FixtureRequest
 ) -> None:
     env = _make_env(env_id, request)
-    for name in agents.list_agents():
+    for name in sorted(set(agents.list_agents()) - TREES):
         agent = agents.make(name, env=env, learning_rate=1e-2, guidance_scale=1.0)
         assert _trains(agent, _episodes(env, agent, 2)), name
 
 
-@pytest.mark.parametrize("name", agents.list_agents())
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_a_tree_algorithm_refuses_a_single_environment_with_the_fix(name: str) -> None:
+    with pytest.raises(ValueError, match=r"num_generations 1 \(the environment's group_size\) is not a power"):
+        agents.make(name, env=gym.make("sage_env/Toy-v0"))
+
+
+@pytest.mark.parametrize("name", sorted(set(agents.list_agents()) - TREES))
 def test_an_agent_takes_a_single_environments_sde_settings(name: str) -> None:
     env = gym.make("sage_env/Toy-v0", sde="flow_grpo", eta=0.6)
     agent = agents.make(name, env=env)

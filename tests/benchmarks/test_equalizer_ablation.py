@@ -10,7 +10,6 @@ from benchmarks import equalizer_ablation
 from tests.benchmarks.markdown_sections import linked_images, quick_arguments, section_of
 
 
-@pytest.mark.slow
 def test_quick_run_trains_with_and_without_the_equalizer(tmp_path: Path) -> None:
     results = equalizer_ablation.main(quick_arguments(tmp_path))
     assert set(results) == {("sage", True), ("sage", False)}

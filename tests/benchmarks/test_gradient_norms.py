@@ -12,7 +12,6 @@ from sage_env import sde
 from tests.benchmarks.markdown_sections import linked_images, quick_arguments, section_of
 
 
-@pytest.mark.slow
 def test_quick_run_measures_gradients_through_the_backbone(tmp_path: Path) -> None:
     results = gradient_norms.main(quick_arguments(tmp_path))
     assert [r.sde_type for r in results] == ["sage", "flow_grpo"]

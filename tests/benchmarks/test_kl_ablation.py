@@ -5,14 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pytest
-
 from agents import KL_STRATEGIES
 from benchmarks import kl_ablation
 from tests.benchmarks.markdown_sections import linked_images, quick_arguments, section_of
 
 
-@pytest.mark.slow
 def test_quick_run_trains_and_measures_the_kl_gradient(tmp_path: Path) -> None:
     results = kl_ablation.main(quick_arguments(tmp_path))
     ((config, (run,)),) = results.items()

@@ -31,7 +31,6 @@ def test_manifold_holds_every_start_position(manifold: off_manifold_drift.CleanM
     torch.testing.assert_close(to_own, distance_to_world(shifted, TOY_PROMPTS[:3]))  # the gold score
 
 
-@pytest.mark.slow
 def test_quick_run_measures_every_configuration(tmp_path: Path) -> None:
     results = off_manifold_drift.main(quick_arguments(tmp_path))
     assert [(r.sde_type, r.eta) for r in results] == [("ode", 0.0), ("sage", 0.7), ("flow_grpo", 0.7)]

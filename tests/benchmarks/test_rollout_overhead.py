@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from benchmarks import rollout_overhead
 from tests.benchmarks.markdown_sections import linked_images, quick_arguments, section_of
 
 
-@pytest.mark.slow
 def test_quick_run_times_both_loops_on_the_same_rollout(tmp_path: Path) -> None:
     results = rollout_overhead.main(quick_arguments(tmp_path))
     assert [r.case.backbone for r in results] == ["prior", "wan"]

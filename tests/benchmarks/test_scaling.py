@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from benchmarks import scaling
 from tests.benchmarks.markdown_sections import linked_images, quick_arguments, section_of
 
 
-@pytest.mark.slow
 def test_quick_run_sweeps_each_axis_and_fits_exponents(tmp_path: Path) -> None:
     results = scaling.main(quick_arguments(tmp_path))
     assert set(results) == {"frames", "group size"}

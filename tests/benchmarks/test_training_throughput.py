@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from benchmarks import training_throughput
 from tests.benchmarks.markdown_sections import linked_images, quick_arguments, section_of
 
 
-@pytest.mark.slow
 def test_quick_run_checks_that_micro_batching_keeps_the_gradients(tmp_path: Path) -> None:
     (result,) = training_throughput.main(quick_arguments(tmp_path))
     assert result.gradients_allclose

@@ -150,7 +150,6 @@ def test_config_builds_a_trainer_on_the_tiny_pipeline(path: Path, tmp_path: Path
     assert trainer.env.num_envs == config.per_device_train_batch_size * config.steps_per_generation
 
 
-@pytest.mark.slow
 def test_wan_config_trains_one_step_on_the_tiny_pipeline(tmp_path: Path, fixtures) -> None:
     path = CONFIGS / "wan21_1.3b_lora_1gpu_24gb.yaml"
     overrides = [

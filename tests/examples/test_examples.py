@@ -29,7 +29,6 @@ def test_swap_algorithms_runs_with_any_registered_agent(algorithm: str) -> None:
     assert len(lines) == 2 and all("reward/total=" in line and "time/iteration=" in line for line in lines)
 
 
-@pytest.mark.slow
 def test_custom_agent_registers_and_trains() -> None:
     output = run_example("custom_agent.py", "--iterations", "2", "--prompts-per-batch", "2", "--group-size", "2")
     assert sum(line.startswith("iteration") for line in output.splitlines()) == 2

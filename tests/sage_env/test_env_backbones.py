@@ -67,7 +67,6 @@ def test_env_rollout_reproduces_the_wan_pipeline(tiny_wan_backbone, array_mode: 
     assert (trajectory.videos - videos).abs().max() <= TOLERANCE
 
 
-@pytest.mark.slow
 def test_env_rollout_reproduces_the_hunyuan_pipeline(tiny_hunyuan_backbone) -> None:
     # HunyuanVideo15Pipeline (diffusers 0.42) cannot decode batches > 1: compare one video.
     env = make_env(tiny_hunyuan_backbone, hunyuan_sigmas(tiny_hunyuan_backbone), 1)
@@ -90,7 +89,6 @@ def test_every_sde_type_on_tiny_wan(tiny_wan_backbone, sde_type: str) -> None:
     assert trajectory.latents.shape[:2] == (2, NUM_STEPS + 1)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sde_type", sde.SDE_TYPES)
 def test_every_sde_type_on_tiny_hunyuan(tiny_hunyuan_backbone, sde_type: str) -> None:
     env = make_env(tiny_hunyuan_backbone, hunyuan_sigmas(tiny_hunyuan_backbone), 1, sde_type, eta=0.5)

@@ -101,13 +101,21 @@ ALGORITHMS = {  # run-name variant: the algorithm's settings over SETTINGS
     "mix": {"algorithm": "mix_grpo", "algorithm_args": {"sde_window_size": 2, "sde_window_shift_interval": 1}},
     "awm": {"algorithm": "awm", "kl_strategy": "fixed", "num_iterations": 1},  # on-policy only
     "guard": {"algorithm": "grpo_guard"},  # ratio_norm: the rollout's means buffered and checkpointed
+    # One tree of 4 per process, advantages per tree level. Rollout forwards one video at a time: a tree's root is one
+    # row per process but two in one process, and on a CPU one row takes a matrix-vector kernel whose rounding
+    # differs from the matrix-matrix one (the runs then drift apart by ~3e-5, beyond WEIGHTS_ATOL).
+    "branch": {"algorithm": "branch_grpo", "rollout_batch_size": 1},
+    "flash": {  # each rollout on its own compressed schedule, solved with DPM-Solver++ after the window
+        "algorithm": "mix_grpo_flash",
+        "algorithm_args": {"sde_window_size": 2, "sde_window_shift_interval": 1},
+    },
 }
 
 
 def build(
     name: str, root: Path, pipelines: dict[str, str], world_size: int, max_steps: int
 ) -> SageGRPOTrainer:
-    """The trainer of run ``name`` (``<model>-<lora|full>[-flat|-nft|-mix|-awm|-guard]``) writing into ``root / name``."""
+    """The trainer of run ``name`` (``<model>-<lora|full>[-flat|-nft|-mix|-awm|-guard|-branch|-flash]``) writing into ``root / name``."""
     model, mode, *variant = name.split("-")
     algorithm = ALGORITHMS.get(variant[0], {}) if variant else {}
     args = SageGRPOConfig(

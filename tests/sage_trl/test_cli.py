@@ -89,7 +89,6 @@ def test_eval_prompts_pair_every_prompt_with_every_seed(tmp_path: Path) -> None:
     assert cli.resolve_eval_prompts("none", 8, [0]) == ([], [])
 
 
-@pytest.mark.slow
 def test_sage_train_default_run_writes_the_output_folder(tmp_path: Path) -> None:
     result = run_cli(
         "sage_trl.cli:train_main",

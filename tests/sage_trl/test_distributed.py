@@ -46,7 +46,8 @@ SCRIPT = Path(__file__).with_name("distributed_run.py")
 CONFIGS = REPOSITORY / "examples" / "configs" / "accelerate"
 RUNS = (
     "toy-lora", "toy-full", "wan-lora", "wan-full", "toy-lora-flat",
-    "toy-lora-nft", "toy-full-mix", "toy-full-awm", "toy-lora-guard",
+    "toy-lora-nft", "toy-full-mix", "toy-full-awm", "toy-lora-guard", "toy-lora-branch",
+    "toy-full-flash",
 )  # fmt: skip
 ENGINES = {  # engine: (the shipped accelerate config, the engine accelerate_on_cpu switches on)
     "ddp": ("ddp_8gpu.yaml", None),
@@ -197,7 +198,6 @@ def test_two_processes_killed_and_resumed_train_and_log_what_one_process_does(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
 def test_two_process_fsdp2_saves_what_diffusers_loads(tmp_path: Path, tiny_wan_path: Path) -> None:
     from diffusers import WanPipeline, WanTransformer3DModel
 
@@ -222,7 +222,6 @@ def test_two_process_fsdp2_saves_what_diffusers_loads(tmp_path: Path, tiny_wan_p
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
 def test_ddp_trains_a_model_with_parameters_its_forward_does_not_use(
     tmp_path: Path, tiny_hunyuan_path: Path
 ) -> None:
@@ -236,7 +235,6 @@ def test_ddp_trains_a_model_with_parameters_its_forward_does_not_use(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
 def test_a_cpu_launch_of_two_processes_that_runs_one_is_refused(tmp_path: Path) -> None:
     # accelerate's CPU launcher starts one process for --num_processes 2, which would train on half the batch.
     root = tmp_path / "runs"

@@ -38,7 +38,6 @@ def toy_adapter(directory: Path) -> Path:
     return directory
 
 
-@pytest.mark.slow
 def test_sage_generate_with_and_without_an_adapter(tmp_path: Path) -> None:
     base = tmp_path / "base.gif"
     generate.generate_main(["--prompt", PROMPT, "--seeds", "0", "1", "--output", str(base)])

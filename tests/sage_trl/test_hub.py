@@ -572,7 +572,6 @@ def test_push_checkpoint_skips_end_strategy_and_survives_failures(
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_uploaded_adapter_loads_into_a_tiny_wan_pipeline(
     tiny_wan_path: Path, tmp_path: Path, hub: FakeHub
 ) -> None:
@@ -613,7 +612,6 @@ def test_uploaded_adapter_loads_into_a_tiny_wan_pipeline(
     assert not torch.allclose(base, trained_output, atol=1e-6)
 
 
-@pytest.mark.slow
 def test_sage_train_push_to_hub_publishes_the_finished_run(tmp_path: Path, hub: FakeHub) -> None:
     """The flag the README documents, through the command the user types (it trained, then exited 1 on 2dec1df)."""
     import os
@@ -654,7 +652,7 @@ def test_a_symlinked_file_pushes_nothing_from_outside_the_run(
     assert not dry.exists() or all(b"SECRET" not in p.read_bytes() for p in dry.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("algorithm", ["grpo_guard", "mix_grpo", "diffusion_nft", "awm"])
+@pytest.mark.parametrize("algorithm", ["grpo_guard", "mix_grpo", "mix_grpo_flash", "branch_grpo", "diffusion_nft", "awm"])
 def test_the_card_names_the_algorithm_that_ran(run_dir: Path, algorithm: str) -> None:
     from agents import ALGORITHM_CONFIGS
 

@@ -76,7 +76,6 @@ def assert_same_update(
         torch.testing.assert_close(weights[name], reference[name], rtol=0, atol=atol)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "saver",
     [

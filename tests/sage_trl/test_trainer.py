@@ -212,10 +212,12 @@ class StopAfter(TrainerCallback):
             control.should_training_stop = True
 
 
-RESUMED_ALGORITHMS = {  # a policy gradient, one that moves its SDE window each step, a likelihood-free one
+RESUMED_ALGORITHMS = {  # policy gradients (one moving its SDE window, one on trees), likelihood-free ones
     "sage_grpo": {},
     "mix_grpo": {"algorithm_args": {"sde_window_size": 2, "sde_window_shift_interval": 1}},
     "grpo_guard": {},  # its second pass per rollout uses the recorded means
+    "branch_grpo": {},  # advantages per tree level, buffered and checkpointed
+    "mix_grpo_flash": {"algorithm_args": {"sde_window_size": 2, "sde_window_shift_interval": 1}},  # schedules vary
     "diffusion_nft": {},
     "awm": {"num_iterations": 1},  # on-policy only
 }

@@ -9,9 +9,24 @@ import pytest
 import torch
 
 from agents import ScoredTrajectory
+from agents.mix_grpo_flash import compressed_schedule
+from sage_env import Trajectory
 from sage_trl.run_folder import load_state, save_state
 from tests.doubles import mean_brightness
 from tests.sage_trl.tiny_trainer import make_trainer
+
+
+def _train_recording_rollouts(trainer) -> list[Trajectory]:
+    """Train, keeping every rollout the trainer samples."""
+    rollouts, rollout = [], trainer._rollout
+
+    def recording_rollout(prompts, seeds):
+        rollouts.append(rollout(prompts, seeds))
+        return rollouts[-1]
+
+    trainer._rollout = recording_rollout
+    trainer.train()
+    return rollouts
 
 
 def test_mix_grpo_rolls_out_inside_its_moving_window(tmp_path: Path) -> None:
@@ -22,16 +37,7 @@ def test_mix_grpo_rolls_out_inside_its_moving_window(tmp_path: Path) -> None:
         max_steps=3,
         gradient_accumulation_steps=1,
     )
-    schedules = []
-    rollout = trainer._rollout
-
-    def recording_rollout(prompts, seeds):
-        trajectory = rollout(prompts, seeds)
-        schedules.append(trajectory.sde_types)
-        return trajectory
-
-    trainer._rollout = recording_rollout
-    trainer.train()
+    schedules = [trajectory.sde_types for trajectory in _train_recording_rollouts(trainer)]
     # 4 steps, window 2 over starts 0..2, moved after every optimizer step (one per rollout here).
     assert schedules == [
         ("flow_grpo", "flow_grpo", "ode", "ode"),
@@ -39,6 +45,38 @@ def test_mix_grpo_rolls_out_inside_its_moving_window(tmp_path: Path) -> None:
         ("ode", "ode", "flow_grpo", "ode"),
     ]
     assert isinstance(trainer._buffered_inputs[0], ScoredTrajectory)
+
+
+def test_mix_grpo_flash_rolls_out_on_its_compressed_schedule(tmp_path: Path) -> None:
+    trainer = make_trainer(
+        tmp_path,
+        algorithm="mix_grpo_flash",
+        algorithm_args={"sde_window_size": 2, "sde_window_shift_interval": 1},
+        max_steps=2,
+        gradient_accumulation_steps=1,
+    )
+    rollouts = _train_recording_rollouts(trainer)
+    base = trainer.env.sigmas  # 4 steps; window [0, 2) then [1, 3): int((4 - l) * 0.4) points after, at least 2
+    assert [t.sde_types for t in rollouts] == [
+        ("flow_grpo", "flow_grpo", "ode"),
+        ("ode", "flow_grpo", "flow_grpo", "ode"),
+    ]
+    torch.testing.assert_close(rollouts[0].sigmas[0], compressed_schedule(base, 1, 0.4))
+    assert torch.equal(rollouts[1].sigmas[0], base)  # after the window [1, 3) only sigma_3 and 0 remain: unchanged
+
+
+def test_branch_grpo_rolls_out_each_group_as_a_tree(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, algorithm="branch_grpo", max_steps=2, gradient_accumulation_steps=1)
+    rollouts = _train_recording_rollouts(trainer)
+    for trajectory in rollouts:  # 4 prompts' worth of one group of 4 each: splits at 0 and 3 of 4 steps
+        assert trajectory.branch_steps == (0, 3) and len(set(trajectory.prompts)) == 1
+        latents = trajectory.latents
+        assert all(torch.equal(latents[0, 1], latents[k, 1]) for k in range(2))  # node A after the split
+        assert torch.equal(latents[2, 3], latents[3, 3]) and not torch.equal(latents[0, 1], latents[2, 1])
+        assert len({latents[k, 4].numpy().tobytes() for k in range(4)}) == 4
+    buffered = trainer._buffered_inputs[0]
+    assert buffered.advantages.shape == (len(buffered), 4)  # root, after 1 split, after 2, after the last split
+    assert trainer.state.global_step == 2
 
 
 def _brightness_change(tmp_path: Path, algorithm: str, sign: float) -> float:

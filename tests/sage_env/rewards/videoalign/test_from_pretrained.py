@@ -129,7 +129,6 @@ print(json.dumps({"root": str(reward.checkpoint.root), "ta": scores["ta_raw"].to
 """
 
 
-@pytest.mark.slow
 def test_hf_hub_offline_and_hf_hub_cache_set_by_a_user(
     tiny_videoalign: TinyVideoAlign,
     videoalign_copy: Path,

@@ -1,0 +1,69 @@
+"""What an algorithm sees of a rollout around its update: the shape it may ask the next one to take (`RolloutShape`,
+given to `agents.Algorithm.rollout_options`) and the finished rollout with its advantages (`ScoredTrajectory`, what
+drivers buffer and checkpoint between the rollout and the loss)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sage_env.env import Trajectory
+
+__all__ = ["RolloutShape", "ScoredTrajectory"]
+
+
+@dataclass(frozen=True)
+class RolloutShape:
+    """What an algorithm shapes its next rollout from (`Algorithm.rollout_options`): the environment's schedule
+    ``sigmas`` (``(T + 1,)``, 1 down to 0) and ``group_size``, the samples per prompt."""
+
+    sigmas: torch.Tensor
+    group_size: int
+
+    @property
+    def num_steps(self) -> int:
+        """Steps ``T`` of the schedule."""
+        return len(self.sigmas) - 1
+
+
+
+@dataclass
+class ScoredTrajectory:
+    """A finished `sage_env.Trajectory` with the advantages its algorithm gave it: what a driver keeps between the
+    rollout and the loss (`sage_trl.SageGRPOTrainer` buffers these, a slice per step, and checkpoints them).
+
+    Args:
+        trajectory: the rollouts (rewarded); its ``sde_types`` are the schedule they were sampled with.
+        advantages: ``(N,)`` per sample, or ``(N, K)`` per sample and what the algorithm indexes by
+            (BranchGRPO: the branch level); ``usable``: bool, same shape, the entries carrying a learning signal.
+    """
+
+    trajectory: Trajectory
+    advantages: torch.Tensor
+    usable: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.trajectory)
+
+    def select(self, index: torch.Tensor) -> ScoredTrajectory:
+        """The samples ``index`` (in that order)."""
+        return ScoredTrajectory(
+            self.trajectory.select(index),
+            self.advantages[index.to(self.advantages.device)],
+            self.usable[index.to(self.usable.device)],
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors, strings and numbers (see `sage_env.Trajectory.state_dict`)."""
+        return {
+            "trajectory": self.trajectory.state_dict(),
+            "advantages": self.advantages,
+            "usable": self.usable,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> ScoredTrajectory:
+        """The inverse of `state_dict`."""
+        return cls(Trajectory.from_state_dict(state["trajectory"]), state["advantages"], state["usable"])
