@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from agents.algorithm import Algorithm, TrainingBatch
-from agents.rollout import RolloutShape
+from agents.rollout import RolloutShape, samples_with_signal
 from sage_env.backbones import VideoBackbone
 from sage_env.checks import Integer, check_fields, hyperparameter
 from sage_env.env import BackbonePolicy, Trajectory
@@ -191,7 +191,7 @@ class AlgorithmAgent(Agent):
         metrics["reward/invalid_count"] = float(rewards.num_invalid)
         metrics["reward/failed_calls"] = float(rewards.failed_calls)
         metrics["advantage_mean_abs"] = float(advantages[usable].abs().mean()) if usable.any() else 0.0
-        metrics["usable_fraction"] = float(usable.float().mean())
+        metrics["usable_fraction"] = float(samples_with_signal(usable).float().mean())
         stochastic = trajectory.trainable
         metrics["rollout/exploration_std"] = (
             float(trajectory.stds[stochastic].mean()) if stochastic.any() else 0.0

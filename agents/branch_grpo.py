@@ -36,7 +36,7 @@ from agents.config import AlgorithmConfig
 from agents.rollout import RolloutShape
 from sage_env.checks import Integer, ListOf, Real, hyperparameter
 from sage_env.env import Trajectory
-from sage_env.env.branching import step_levels
+from sage_env.env.branching import BranchPlan, step_levels
 
 __all__ = ["BranchGRPOAgentConfig", "BranchGRPOAlgorithm", "tree_advantages", "width_pruned"]
 
@@ -129,9 +129,9 @@ class BranchGRPOAgentConfig(AlgorithmConfig):
 
 
 def tree_advantages(
-    rewards: torch.Tensor, valid: torch.Tensor, tree_size: int, branch_factor: int, eps: float
+    rewards: torch.Tensor, valid: torch.Tensor, depth: int, branch_factor: int, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """BranchGRPO's depth-wise advantages of trees of ``tree_size`` consecutive leaves (the published
+    """BranchGRPO's depth-wise advantages of trees of ``branch_factor ** depth`` consecutive leaves (the published
     ``compute_node_rewards_from_leaves`` and ``compute_hierarchical_advantages_by_depth``).
 
     At level ``l`` (after ``l`` splits) a node is ``tree_size / branch_factor**l`` consecutive leaves and its reward
@@ -142,9 +142,7 @@ def tree_advantages(
         ``(advantages, usable)``, ``(N, depth + 1)``: column ``l`` is each leaf's node at level ``l``.
     """
     rewards = torch.where(valid, rewards.detach().float(), torch.zeros_like(rewards, dtype=torch.float32))
-    depth = 0
-    while branch_factor**depth < tree_size:
-        depth += 1
+    tree_size = branch_factor**depth
     columns = [_level_advantages(rewards, valid, tree_size, branch_factor**level, eps) for level in range(depth + 1)]
     return torch.stack([c[0] for c in columns], 1), torch.stack([c[1] for c in columns], 1)
 
@@ -208,9 +206,9 @@ class BranchGRPOAlgorithm(PolicyGradientAlgorithm):
         """Depth-wise advantages per tree (a tree is a group: consecutive samples of one prompt)."""
         cfg = self.config
         tree_size = _group_size(group_index)
-        cfg.tree_depth(tree_size)
+        depth = cfg.tree_depth(tree_size)
         valid = valid.bool() & torch.isfinite(rewards)
-        advantages, usable = tree_advantages(rewards, valid, tree_size, cfg.branch_factor, cfg.advantage_eps)
+        advantages, usable = tree_advantages(rewards, valid, depth, cfg.branch_factor, cfg.advantage_eps)
         leaves_kept = width_pruned(advantages[:, -1], usable[:, -1], tree_size, cfg.branch_width_pruning_ratio)
         return (
             torch.cat([advantages, advantages[:, -1:]], 1),
@@ -245,9 +243,9 @@ class BranchGRPOAlgorithm(PolicyGradientAlgorithm):
     def transition_weights(self, trajectory: Trajectory) -> torch.Tensor:
         """The equalizer's weights times ``1 / (lanes sharing the edge)``, rescaled to mean 1 over the stochastic
         steps: a shared edge's lanes together count as one edge, and the learning rate keeps its meaning."""
-        levels = step_levels(trajectory.branch_steps, trajectory.num_steps)
-        tree_size = trajectory.branch_factor ** len(trajectory.branch_steps)
-        share = (trajectory.branch_factor**levels).float() / tree_size  # 1 / lanes per node
+        plan = BranchPlan(trajectory.branch_steps, trajectory.branch_factor, len(trajectory))
+        levels = step_levels(trajectory.branch_steps, trajectory.num_steps).tolist()
+        share = torch.tensor([1.0 / plan.node_size(level) for level in levels])
         stochastic = trajectory.trainable.any(0).cpu()
         share = share / share[stochastic].mean() if stochastic.any() else share
         return super().transition_weights(trajectory) * share.to(trajectory.sigmas.device)[None]

@@ -11,7 +11,7 @@ import torch
 
 from sage_env.env import Trajectory
 
-__all__ = ["RolloutShape", "ScoredTrajectory"]
+__all__ = ["RolloutShape", "ScoredTrajectory", "samples_with_signal"]
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,9 @@ class ScoredTrajectory:
     def from_state_dict(cls, state: dict[str, Any]) -> ScoredTrajectory:
         """The inverse of `state_dict`."""
         return cls(Trajectory.from_state_dict(state["trajectory"]), state["advantages"], state["usable"])
+
+
+def samples_with_signal(usable: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` bool: the samples with a usable entry (``usable`` is ``(N,)``, or ``(N, K)`` per sample and level as
+    BranchGRPO's, see `ScoredTrajectory`)."""
+    return usable.reshape(len(usable), -1).any(1)

@@ -27,6 +27,7 @@ from transformers.utils import logging
 from trl import GRPOTrainer
 
 from agents import ALGORITHM_CLASSES, Algorithm, References, RolloutShape, ScoredTrajectory
+from agents.rollout import samples_with_signal
 from sage_env.backbones import VideoBackbone
 from sage_env.env import BackbonePolicy, Trajectory, run_episode
 from sage_env.rewards import CompositeReward, RewardFailureMonitor
@@ -271,7 +272,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         self._metrics["train"]["advantage_mean_abs"].append(
             float(advantages[usable].abs().mean()) if usable.any() else 0.0
         )
-        signal = usable.reshape(len(usable), -1).any(1)  # per sample (BranchGRPO's are per tree level too)
+        signal = samples_with_signal(usable)
         self._metrics["train"]["frac_groups_without_signal"].append(
             float((~signal[valid]).float().mean()) if valid.any() else 1.0
         )

@@ -21,16 +21,21 @@ import torch
 
 from sage_env import sde
 
-__all__ = ["BRANCH_OPTIONS", "BranchPlan", "representatives", "step_levels"]
+__all__ = ["BRANCH_OPTIONS", "BranchPlan", "representatives", "splits_by", "step_levels"]
 
 BRANCH_OPTIONS = ("branch_steps", "branch_factor")
 """The ``reset`` options of a branched rollout (`BranchPlan.from_options`)."""
 
 
+def splits_by(branch_steps: Sequence[int], step_index: int) -> int:
+    """The level of step ``step_index``: how many branch steps are at or before it, i.e. the splits done by the end of
+    its transition (0 before the first; -1, before any step, is 0 too)."""
+    return sum(step <= step_index for step in branch_steps)
+
+
 def step_levels(branch_steps: Sequence[int], num_steps: int) -> torch.Tensor:
-    """``(num_steps,)`` the level of each step: how many branch steps are at or before it (0 before the first)."""
-    steps = torch.arange(num_steps)
-    return (steps[:, None] >= torch.as_tensor(list(branch_steps), dtype=torch.long)[None]).sum(1)
+    """``(num_steps,)`` the level of each step (`splits_by`)."""
+    return torch.tensor([splits_by(branch_steps, index) for index in range(num_steps)], dtype=torch.long)
 
 
 def representatives(num_lanes: int, tree_size: int, node_size: int) -> torch.Tensor:
@@ -96,8 +101,8 @@ class BranchPlan:
         return representatives(self.num_lanes, self.tree_size, self.node_size(level))
 
     def level(self, step_index: int) -> int:
-        """How many splits have happened by the end of step ``step_index``'s transition."""
-        return sum(step <= step_index for step in self.branch_steps)
+        """How many splits have happened by the end of step ``step_index``'s transition (`splits_by`)."""
+        return splits_by(self.branch_steps, step_index)
 
 
 def _is_integer(value: Any) -> bool:

@@ -21,6 +21,7 @@ from sage_env.env.branching import BranchPlan
 from sage_env.env.trajectory import Trajectory, TrajectoryRecorder
 from sage_env.models import SamplingDefaults
 from sage_env.rewards import CompositeReward
+from sage_env.sde.base import per_sample
 
 __all__ = ["DenoisingBatch", "sample", "sample_videos", "step_sde_types"]
 
@@ -131,7 +132,7 @@ class DenoisingBatch:
     ) -> sde.SDEStepOutput:
         """Keep this step's data prediction ``x - sigma v``; on a second-order step add DPM-Solver++'s correction."""
         sigma = self.sigmas[:, index]
-        prediction = self.latents.float() - sigma.view(-1, *[1] * (self.latents.ndim - 1)) * velocity.float()
+        prediction = self.latents.float() - per_sample(sigma, self.latents) * velocity.float()
         previous, self._previous_prediction = self._previous_prediction, (prediction, sigma)
         if index not in self._second_order or previous is None:
             return out

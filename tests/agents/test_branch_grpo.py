@@ -19,7 +19,7 @@ ALL_VALID = torch.ones(4, dtype=torch.bool)
 
 
 def test_node_rewards_are_leaf_means_and_advantages_z_scores_per_depth() -> None:
-    advantages, usable = tree_advantages(LEAF_REWARDS, ALL_VALID, 4, 2, eps=1e-8)
+    advantages, usable = tree_advantages(LEAF_REWARDS, ALL_VALID, 2, 2, eps=1e-8)
     # Depth 1: r(A) = mean(1, 3) = 2, r(B) = mean(2, 6) = 4; mean 3, unbiased std sqrt(2).
     a1 = 1 / math.sqrt(2)
     # Depth 2: the leaves; mean 3, unbiased std sqrt(14 / 3).
@@ -34,17 +34,17 @@ def test_node_rewards_are_leaf_means_and_advantages_z_scores_per_depth() -> None
 
 def test_invalid_leaves_leave_their_nodes_and_a_depth_without_spread_has_no_signal() -> None:
     valid = torch.tensor([True, False, True, True])
-    advantages, usable = tree_advantages(torch.tensor([1.0, float("nan"), 2.0, 6.0]), valid, 4, 2, eps=1e-8)
+    advantages, usable = tree_advantages(torch.tensor([1.0, float("nan"), 2.0, 6.0]), valid, 2, 2, eps=1e-8)
     # r(A) = 1 (its valid leaf), r(B) = 4: z-scores -+1/sqrt(2); the invalid leaf's own node has no reward.
     torch.testing.assert_close(advantages[:, 1], torch.tensor([-1, -1, 1, 1]) / math.sqrt(2))
     assert usable[:, 2].tolist() == [True, False, True, True]
     assert torch.isfinite(advantages).all()
-    flat, flat_usable = tree_advantages(torch.tensor([2.0, 2.0, 2.0, 2.0]), ALL_VALID, 4, 2, eps=1e-8)
+    flat, flat_usable = tree_advantages(torch.tensor([2.0, 2.0, 2.0, 2.0]), ALL_VALID, 2, 2, eps=1e-8)
     assert not flat.any() and not flat_usable.any()
 
 
 def test_width_pruning_keeps_the_best_and_worst_leaves() -> None:
-    advantages, usable = tree_advantages(LEAF_REWARDS, ALL_VALID, 4, 2, eps=1e-8)
+    advantages, usable = tree_advantages(LEAF_REWARDS, ALL_VALID, 2, 2, eps=1e-8)
     # Mode 2, ratio 0.5: k = max(2, int(4 * 0.5)) = 2, the best (BB) and the worst (AA).
     assert width_pruned(advantages[:, -1], usable[:, -1], 4, 0.5).tolist() == [True, False, False, True]
     assert width_pruned(advantages[:, -1], usable[:, -1], 4, 0.0).tolist() == [True] * 4
