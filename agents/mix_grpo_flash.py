@@ -24,7 +24,7 @@ import torch
 
 from agents.mix_grpo import MixGRPOAgentConfig, MixGRPOAlgorithm
 from agents.rollout import RolloutShape
-from sage_env.checks import Integer, Real, hyperparameter
+from sage_env.checks import Real, hyperparameter, with_default
 
 __all__ = ["MixGRPOFlashAgentConfig", "MixGRPOFlashAlgorithm", "compressed_schedule", "schedule_at"]
 
@@ -39,12 +39,7 @@ class MixGRPOFlashAgentConfig(MixGRPOAgentConfig):
         "MixGRPO with fewer, second-order ODE steps after the window: cheaper rollouts"
     )
 
-    sde_window_shift_interval: int = hyperparameter(
-        20,
-        "MixGRPO: optimizer steps before the window moves by sde_window_stride. Shorter moves the training "
-        "focus sooner from the early (high-noise) steps to later ones. Published for MixGRPO-Flash: 20.",
-        Integer(1, 10**6),
-    )
+    sde_window_shift_interval: int = with_default(MixGRPOAgentConfig, "sde_window_shift_interval", 20)
     post_window_compress_ratio: float = hyperparameter(
         0.4,
         "MixGRPO-Flash: the share of the schedule's points after the SDE window that the rollout keeps (solved "

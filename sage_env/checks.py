@@ -31,6 +31,7 @@ __all__ = [
     "check_fields",
     "check_value",
     "hyperparameter",
+    "with_default",
 ]
 
 
@@ -263,6 +264,13 @@ def hyperparameter(default: Any, help: str, check: Check | None = None, **kwargs
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
     return field(default=default, metadata=metadata, **kwargs)
+
+
+def with_default(owner: type, name: str, default: Any) -> Any:
+    """``owner``'s dataclass field ``name``, its help text and check, with another default: how a subclass changes
+    the default of a field it inherits without declaring the field a second time."""
+    inherited = {f.name: f for f in dataclasses.fields(owner)}[name].metadata
+    return hyperparameter(default, inherited["help"], inherited.get("check"))
 
 
 def check_value(check: Check | None, name: str, value: Any) -> None:

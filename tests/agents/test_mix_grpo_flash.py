@@ -3,6 +3,8 @@ only the window's steps, which the compression leaves as they were."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import pytest
 import torch
@@ -70,3 +72,11 @@ def test_the_published_defaults() -> None:
     assert config.post_window_compress_ratio == 0.4
     with pytest.raises(ValueError, match="post_window_compress_ratio"):
         agents.ALGORITHM_CONFIGS["mix_grpo_flash"](post_window_compress_ratio=0.0)
+    # The window's interval is MixGRPO's field (its help and check) with Flash's published default.
+    with pytest.raises(ValueError, match="sde_window_shift_interval"):
+        agents.ALGORITHM_CONFIGS["mix_grpo_flash"](sde_window_shift_interval=0)
+    help_texts = [
+        {f.name: f.metadata["help"] for f in dataclasses.fields(agents.ALGORITHM_CONFIGS[name])}
+        for name in ("mix_grpo", "mix_grpo_flash")
+    ]
+    assert help_texts[0]["sde_window_shift_interval"] == help_texts[1]["sde_window_shift_interval"]
