@@ -9,11 +9,17 @@ side by side. The real run builds the same modules from the same configs, with r
 GPU (``--weights random``, the default: nothing is downloaded) or loads the checkpoint
 (``--weights pretrained``). VideoAlign is not part of the comparison (the measured run scores nothing).
 
+Tracing takes minutes of CPU per config, so a short GPU lease can measure only and compare elsewhere: on the
+GPU ``--measure_only --output measured.json`` writes the measurements (with the device, torch version and
+date), and ``--measured measured.json`` on any machine traces the same configs and prints the comparison.
+
 Run::
 
     python -m benchmarks.gpu_memory                                  # both example configs: plan (CPU or GPU)
     python -m benchmarks.gpu_memory --gpu H100 --output memory.md    # with step times at H100 throughput
     python -m benchmarks.gpu_memory --config examples/configs/wan21_1.3b_lora_1gpu_24gb.yaml --gradient_checkpointing false
+    python -m benchmarks.gpu_memory --measure_only --output measured.json          # on the GPU: measure only
+    python -m benchmarks.gpu_memory --measured measured.json --gpu H200            # anywhere: compare
 
 Extra ``--field value`` arguments override the training configs (any `sage_trl.SageGRPOConfig` field).
 """
@@ -21,6 +27,10 @@ Extra ``--field value`` arguments override the training configs (any `sage_trl.S
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,13 +38,17 @@ from typing import Any
 import torch
 
 from sage_trl.preflight import PreflightPlan, plan_training
+from sage_trl.preflight.measure import MeasuredPhase
 from sage_trl.preflight.plan import GIB
 
 __all__ = [
     "EXAMPLE_CONFIGS",
+    "cap_device_memory",
+    "compare_measured",
     "comparison_table",
     "main",
     "measure_config",
+    "measured_record",
     "parse_config",
     "phase_table",
     "plan_config",
@@ -135,19 +149,98 @@ def measure_config(path: Path, overrides: Sequence[str] = (), *, weights: str = 
     return measure_training_step(backbone, config, lora_config)
 
 
-def comparison_table(plan: PreflightPlan, measured: Sequence[Any]) -> str:
-    """Markdown: traced vs measured start and peak of every phase (GiB) and their ratio."""
+def cap_device_memory(card_gib: float) -> None:
+    """Leave this process only what a card of ``card_gib`` GiB would: the caching allocator may reserve the card
+    less the CUDA context already made (``torch.cuda.set_per_process_memory_fraction``). On a bigger card the
+    allocator keeps every segment it ever reserved, so its reservation over a step says little about a smaller
+    card, where it frees cached segments and retries before it fails; running under the cap says whether the
+    step fits. cuBLAS and cuDNN handles made later are outside the cap (a few hundred MiB)."""
+    torch.empty(1, device="cuda")  # the context
+    free, total = torch.cuda.mem_get_info()
+    allowed = card_gib * GIB - (total - free)
+    if not 0 < allowed <= free:
+        raise ValueError(f"--card_gib {card_gib:g} is not between this process's context and the card's free memory.")
+    torch.cuda.set_per_process_memory_fraction(allowed / total)
+
+
+def measured_record(
+    path: Path, overrides: Sequence[str] = (), *, weights: str = "random", card_gib: float | None = None
+) -> dict[str, Any]:
+    """`measure_config` on the current CUDA device as JSON-ready data: the config's file name, the device, torch's
+    version, the date, the card size simulated (``card_gib``, see `cap_device_memory`), every phase
+    (`MeasuredPhase` fields) and what the driver reports in use at the end (the caching allocator's reservation
+    plus the CUDA context: what the preflight's margins stand for)."""
+    if card_gib is not None:
+        cap_device_memory(card_gib)
+    phases = measure_config(path, overrides, weights=weights)
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "config": path.name,
+        "overrides": list(overrides),
+        "weights": weights,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "card_gib": card_gib,
+        "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "device_used_bytes": total - free,
+        "phases": [dataclasses.asdict(phase) for phase in phases],
+    }
+
+
+def _seconds(plan: PreflightPlan, phase: Any) -> str:
+    seconds = plan.seconds(phase.flops)
+    return "-" if seconds is None else f"{seconds:,.1f}"
+
+
+def comparison_table(plan: PreflightPlan, measured: Sequence[Any], device_used_bytes: int | None = None) -> str:
+    """Markdown: traced vs measured start and peak of every phase (GiB) and their ratio, the caching allocator's
+    reserved peak, and the time per run (traced FLOPs at the plan's GPU throughput, and measured); with
+    ``device_used_bytes`` (the driver's count at the end) a last row puts it beside the plan's peak + margins."""
     rows = [
-        "| phase | traced start | measured start | traced peak | measured peak | traced / measured peak |",
-        "|---|---|---|---|---|---|",
+        "| phase | traced start | measured start | traced peak | measured peak | traced / measured peak "
+        "| measured reserved | time traced s | time measured s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for traced, real in zip(plan.phases, measured):
         ratio = "-" if not real.peak_bytes else f"{traced.peak_bytes / real.peak_bytes:.3f}"
         rows.append(
             f"| {traced.name} | {_gib(traced.start_bytes)} | {_gib(real.start_bytes)} | {_gib(traced.peak_bytes)} | "
-            f"{_gib(real.peak_bytes)} | {ratio} |"
+            f"{_gib(real.peak_bytes)} | {ratio} | {_gib(real.reserved_bytes)} | {_seconds(plan, traced)} | "
+            f"{real.seconds:,.1f} |"
+        )
+    if device_used_bytes is not None:
+        rows.append(
+            f"| **whole step: traced peak + margins / in use at the end (driver)** | | | **{plan.required_gib():.1f}** | "
+            f"**{_gib(device_used_bytes)}** | | | | |"
         )
     return "\n".join(rows)
+
+
+def compare_measured(records: Sequence[dict[str, Any]], configs: Sequence[Path], gpu: str | None) -> list[str]:
+    """Markdown sections: each measured record (`measured_record`) beside the plan of the same config file (found
+    among ``configs`` by name) with the same overrides."""
+    by_name = {path.name: path for path in configs}
+    parts = []
+    for record in records:
+        if record["config"] not in by_name:
+            raise ValueError(
+                f"--measured holds {record['config']!r}, which is not among --config "
+                f"({', '.join(by_name)}); pass its path with --config."
+            )
+        path, overrides = by_name[record["config"]], record["overrides"]
+        plan = plan_config(path, overrides, gpu=gpu, rewards=False)
+        measured = [MeasuredPhase(**phase) for phase in record["phases"]]
+        title = f"## {path.name}: traced vs measured on {record['device']}"
+        setting = f"{record['weights']} weights, torch {record['torch']}, {record['date']}"
+        if record.get("card_gib") is not None:
+            setting += f", run as a {record['card_gib']:g} GiB card (the allocator capped; it fit)"
+        if record.get("allocator_conf"):
+            setting += f", PYTORCH_CUDA_ALLOC_CONF={record['allocator_conf']}"
+        if overrides:
+            setting += ", overrides " + " ".join(overrides)
+        parts += [title, setting, comparison_table(plan, measured, record["device_used_bytes"])]
+    return parts
 
 
 def _parse_arguments(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -164,24 +257,57 @@ def _parse_arguments(argv: Sequence[str] | None) -> tuple[argparse.Namespace, li
         "--weights", choices=("random", "pretrained"), default="random", help="for the measured run"
     )
     parser.add_argument("--output", type=Path, default=None, help="Also write the report (markdown) here.")
+    parser.add_argument(
+        "--measure_only",
+        action="store_true",
+        help="On a CUDA GPU: measure, skip the plan, and write the measurements as JSON (--output, else stdout).",
+    )
+    parser.add_argument(
+        "--card_gib",
+        type=float,
+        default=None,
+        help="With --measure_only: run as if the GPU had this many GiB (the allocator capped), to check a plan.",
+    )
+    parser.add_argument(
+        "--measured",
+        type=Path,
+        default=None,
+        help="A --measure_only JSON file (made on a GPU): trace the same configs here and print the comparison.",
+    )
     return parser.parse_known_args(argv)
 
 
+def _measure_only(args: argparse.Namespace, overrides: Sequence[str]) -> None:
+    if not torch.cuda.is_available():
+        raise ValueError("--measure_only measures on a CUDA GPU and none is visible; drop it to plan only.")
+    records = []
+    for path in args.config:
+        records.append(measured_record(path, overrides, weights=args.weights, card_gib=args.card_gib))
+        torch.cuda.empty_cache()
+    text = json.dumps(records, indent=1)
+    print(text)
+    if args.output is not None:
+        args.output.write_text(text)
+
+
 def main(argv: Sequence[str] | None = None) -> list[PreflightPlan]:
-    """Command-line entry point; returns the plans."""
+    """Command-line entry point; returns the plans (none with ``--measure_only``)."""
     args, overrides = _parse_arguments(argv)
+    if args.measure_only:
+        _measure_only(args, overrides)
+        return []
     plans = [plan_config(path, overrides, gpu=args.gpu) for path in args.config]
     parts = [
         "# Preflight of the example configs (traced at full size)",
         resident_table(plans),
         phase_table(plans),
     ]
-    if torch.cuda.is_available():
-        device = torch.cuda.get_device_name()
+    if args.measured is not None:
+        parts += compare_measured(json.loads(args.measured.read_text()), args.config, args.gpu)
+    elif torch.cuda.is_available():
         for path in args.config:
-            traced = plan_config(path, overrides, gpu=args.gpu, rewards=False)
-            measured = measure_config(path, overrides, weights=args.weights)
-            parts += [f"## {path.name}: traced vs measured on {device}", comparison_table(traced, measured)]
+            record = measured_record(path, overrides, weights=args.weights)
+            parts += compare_measured([record], [path], args.gpu)
             torch.cuda.empty_cache()
     report = "\n\n".join(parts) + "\n"
     print(report)

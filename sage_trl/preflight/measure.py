@@ -34,6 +34,9 @@ class MeasuredPhase:
         start_bytes: bytes allocated at the start (CUDA only; None on CPU).
         peak_bytes: ``max_memory_allocated`` over the phase (CUDA only; None on CPU).
         seconds: wall-clock time of the phase.
+        reserved_bytes: ``max_memory_reserved`` over the phase, what the caching allocator held from the driver
+            (CUDA only; None on CPU): the allocated peak plus fragmentation, what an out-of-memory error compares
+            with the card.
     """
 
     name: str
@@ -41,6 +44,7 @@ class MeasuredPhase:
     start_bytes: int | None
     peak_bytes: int | None
     seconds: float
+    reserved_bytes: int | None = None
 
 
 @contextmanager
@@ -89,9 +93,9 @@ class _MeasureRecorder:
             yield
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device)
-            self.phases.append(
-                MeasuredPhase(name, peak - start, start, peak, time.perf_counter() - start_time)
-            )
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            seconds = time.perf_counter() - start_time
+            self.phases.append(MeasuredPhase(name, peak - start, start, peak, seconds, reserved))
             return
         with _profiled() as result:
             yield

@@ -44,11 +44,35 @@ def test_comparison_table_puts_traced_beside_measured() -> None:
     ]
     plan = PreflightPlan("m", "tests", "LoRA", [MemoryKind("VAE", GIB)], phases, largest_block_bytes=0)
     measured = [
-        MeasuredPhase(p.name, p.peak_bytes - p.start_bytes, p.start_bytes, 2 * p.peak_bytes, 1.0)
+        MeasuredPhase(p.name, p.peak_bytes - p.start_bytes, p.start_bytes, 2 * p.peak_bytes, 1.5, 3 * p.peak_bytes)
         for p in phases
     ]
-    table = gpu_memory.comparison_table(plan, measured)
-    assert "| rollout step | 1.0 | 1.0 | 3.0 | 6.0 | 0.500 |" in table and table.count("| 0.500 |") == 2
+    table = gpu_memory.comparison_table(plan, measured, device_used_bytes=20 * GIB)
+    assert "| rollout step | 1.0 | 1.0 | 3.0 | 6.0 | 0.500 | 9.0 | - | 1.5 |" in table
+    assert table.count("| 0.500 |") == 2
+    # The whole step: the plan's peak (3 GiB) + 10% + 1 GiB beside the driver's count.
+    assert "| **4.3** | **20.0** |" in table
+
+
+def test_measure_only_needs_a_gpu() -> None:
+    with pytest.raises(ValueError, match="--measure_only measures on a CUDA GPU"):
+        gpu_memory.main(["--measure_only"])
+
+
+def test_measured_file_from_another_machine_is_compared_with_a_fresh_plan(tmp_path: Path) -> None:
+    config = gpu_memory.EXAMPLE_CONFIGS[1]
+    phase = {"transient_bytes": GIB, "start_bytes": GIB, "peak_bytes": 2 * GIB, "seconds": 0.5, "reserved_bytes": 3 * GIB}
+    record = {
+        "config": config.name, "overrides": SMALL_VIDEO, "weights": "random", "device": "NVIDIA H200",
+        "torch": "2.11.0", "date": "2026-11-26", "device_used_bytes": 4 * GIB,
+        "phases": [{"name": name, **phase} for name in ("encode prompts", "rollout step")],
+    }
+    parts = gpu_memory.compare_measured([record], [config], gpu="H200")
+    assert parts[0] == f"## {config.name}: traced vs measured on NVIDIA H200"
+    assert "random weights, torch 2.11.0, 2026-11-26, overrides --num_frames=5" in parts[1]
+    assert "| encode prompts |" in parts[2] and "| 2.0 | " in parts[2] and "**4.0**" in parts[2]
+    with pytest.raises(ValueError, match="pass its path with --config"):
+        gpu_memory.compare_measured([record], [gpu_memory.EXAMPLE_CONFIGS[0]], gpu=None)
 
 
 @pytest.mark.slow
