@@ -31,7 +31,7 @@ import dataclasses
 import datetime
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,9 +144,19 @@ def measure_config(path: Path, overrides: Sequence[str] = (), *, weights: str = 
         backbone = load_backbone(config.model_name_or_path, torch_dtype=dtype, device="cuda")
     else:
         configs = resolve_model_configs(config.model_name_or_path)
-        with torch.device("cuda"):
-            backbone = backbone_for(configs, build_pipeline(configs, dtype))
+        backbone = backbone_for(configs, build_pipeline(configs, dtype, _device_of(config)))
     return measure_training_step(backbone, config, lora_config)
+
+
+def _device_of(config: Any) -> Callable[[str], str]:
+    """Where each component's random weights are made: on the GPU; with ``precompute_prompt_embeddings`` all but
+    the text encoders on the host, as the trainer loads them (`training_setup.load_training_backbone`) and as
+    the prompt precompute moves them (`training_setup.precompute_prompt_embeddings`)."""
+    from sage_trl.training_setup import TEXT_ENCODER_NAMES
+
+    if not config.precompute_prompt_embeddings:
+        return lambda name: "cuda"
+    return lambda name: "cuda" if name in TEXT_ENCODER_NAMES else "cpu"
 
 
 def cap_device_memory(card_gib: float) -> None:

@@ -118,6 +118,11 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         self.pipeline_class = setup.pipeline_class_name(self.backbone)
         args.resolve_model_defaults(self.pipeline_class)
         setup.check_video_size(args)
+        train_dataset = setup.prompt_dataset(train_dataset)
+        if args.precompute_prompt_embeddings:
+            setup.precompute_prompt_embeddings(
+                self.backbone, train_dataset["prompt"], args.negative_prompt, args.device
+            )
         self.peft_config = add_lora(self.backbone, peft_config) if peft_config is not None else None
         if peft_config is None:
             self.backbone.transformer.requires_grad_(True)
@@ -125,7 +130,6 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         # TRL's seed seeds the timestep selection, as it seeds the rollouts (resume and --seed reproduce runs).
         self.algorithm: Algorithm = ALGORITHM_CLASSES[args.algorithm](algorithm_config, seed=args.seed)
         self.reward = setup.composite_reward(reward_funcs, args)
-        train_dataset = setup.prompt_dataset(train_dataset)
         self.dataset_name: str | None = train_dataset.info.dataset_name
         _trl_compat.make_config_reportable(self.backbone.transformer)
         if args.ddp_find_unused_parameters is None:  # every parameter reaches the loss (sage_trl.distributed)
@@ -145,7 +149,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
 
     def _init_rollout_and_loss_state(self, args: SageGRPOConfig) -> None:
         """After transformers' and TRL's state: memory savers, references, environment, counters, callbacks."""
-        self._enable_memory_savers(args)
+        setup.enable_memory_savers(self.backbone, args)  # each leaves the training result unchanged
         self.references: References = self.algorithm.build_references(self.backbone.transformer)
         self.env = setup.training_env(self.backbone, self.reward, args, self.accelerator.device)
         self._generation_round = 0
@@ -160,14 +164,6 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
             self.add_callback(MetricsFileCallback(os.path.join(args.output_dir, layout.METRICS_FILE)))
         if self.accelerator.num_processes > 1:
             release_process_group_at_exit(self)
-
-    def _enable_memory_savers(self, args: SageGRPOConfig) -> None:
-        """The switches of docs/training_on_gpus.md; each leaves the training result unchanged."""
-        setup.enable_memory_savers(self.backbone, args)
-        if args.precompute_prompt_embeddings:
-            setup.precompute_prompt_embeddings(
-                self.backbone, self.train_dataset["prompt"], args.negative_prompt
-            )
 
     def _get_train_sampler(self, dataset: Dataset | None = None) -> _trl_compat.EpochSeededRepeatSampler:
         """GRPO's group-repeat sampler, shuffled per epoch from the seed so that resuming is exact."""

@@ -7,6 +7,8 @@ run will do.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -15,24 +17,30 @@ from datasets import Dataset
 from sage_env.backbones import VideoBackbone, load_backbone
 from sage_env.env import DenoisingVectorEnv
 from sage_env.rewards import CompositeReward
+from sage_trl import activation_offload
 
 __all__ = [
     "PROMPT_ENCODE_CHUNK",
+    "TEXT_ENCODER_NAMES",
     "check_video_size",
     "composite_reward",
     "enable_memory_savers",
     "load_training_backbone",
+    "parked_while_encoding",
     "pipeline_class_name",
     "precompute_prompt_embeddings",
     "prompt_dataset",
     "refuse_unsupported_arguments",
+    "text_encoders",
+    "text_encoders_alone_on",
     "training_env",
     "videos_per_round",
 ]
 
-PROMPT_ENCODE_CHUNK = 64
+PROMPT_ENCODE_CHUNK = 8
 """Distinct prompts encoded per call when ``precompute_prompt_embeddings`` is on: bounds the text encoders'
-activations (the encode phase is the peak of the example configs, see ``sage-train --preflight``)."""
+activations. HunyuanVideo 1.5's pipeline keeps all of Qwen2.5-VL's hidden states, ~0.4 GiB per prompt: 8 prompts
+keep the encode phase (16.8 GiB with the weights, traced) below the training step; 64 made it the peak (57 GiB)."""
 
 _UNSUPPORTED_ARGUMENTS = {
     "processing_class": "video backbones bring their own text encoders",
@@ -53,12 +61,13 @@ def refuse_unsupported_arguments(arguments: dict[str, Any]) -> None:
 
 def load_training_backbone(model: VideoBackbone | str | None, config: Any, lora: bool) -> VideoBackbone:
     """``model`` (a backbone, a folder or Hub id; None: ``config.model_name_or_path``) loaded in the run's
-    parameter dtype (`SageGRPOConfig.parameter_dtype`) on the run's device."""
+    parameter dtype (`SageGRPOConfig.parameter_dtype`) on the run's device; on the host when prompts are
+    precomputed, which moves it to the device afterwards (`precompute_prompt_embeddings`)."""
     return load_backbone(
         model if model is not None else config.model_name_or_path,
         backbone=config.backbone,
         torch_dtype=config.parameter_dtype(lora),
-        device=config.device,
+        device="cpu" if config.precompute_prompt_embeddings else config.device,
     )
 
 
@@ -130,19 +139,63 @@ def training_env(
 
 
 def enable_memory_savers(backbone: VideoBackbone, config: Any) -> None:
-    """Gradient checkpointing and the VAE's tiling and slicing, as configured (docs/training_on_gpus.md); each
-    leaves the training result unchanged."""
-    if config.diffusers_gradient_checkpointing:
+    """Gradient checkpointing (its block inputs on the host with ``activation_offload``) and the VAE's tiling and
+    slicing, as configured (docs/training_on_gpus.md); each leaves the training result unchanged."""
+    if config.activation_offload:  # diffusers' hook for the checkpointing function
+        function = activation_offload.offloaded_checkpoint
+        backbone.transformer.enable_gradient_checkpointing(gradient_checkpointing_func=function)
+    elif config.diffusers_gradient_checkpointing:
         backbone.transformer.enable_gradient_checkpointing()
     backbone.enable_vae_memory_savers(tiling=config.vae_tiling, slicing=config.vae_slicing)
 
 
+TEXT_ENCODER_NAMES = ("text_encoder", "text_encoder_2")
+"""Where a backbone (or its diffusers pipeline) keeps its text encoders."""
+
+
+def text_encoders(backbone: VideoBackbone) -> list[torch.nn.Module]:
+    """The backbone's text encoders (`TEXT_ENCODER_NAMES` of its pipeline, or of itself without one)."""
+    owner = getattr(backbone, "pipeline", backbone)
+    modules = [getattr(owner, name, None) for name in TEXT_ENCODER_NAMES]
+    return [module for module in modules if isinstance(module, torch.nn.Module)]
+
+
+def parked_while_encoding(backbone: VideoBackbone) -> list[torch.nn.Module]:
+    """What waits on the host while prompts are precomputed: every module of the backbone but its text encoders
+    (the transformer, a second expert, the VAE)."""
+    encoders = {id(module) for module in text_encoders(backbone)}
+    components = getattr(getattr(backbone, "pipeline", None), "components", None) or {}
+    modules = [backbone.transformer, backbone.vae, *components.values()]
+    unique = {id(module): module for module in modules if isinstance(module, torch.nn.Module)}
+    return [module for key, module in unique.items() if key not in encoders]
+
+
+@contextmanager
+def text_encoders_alone_on(backbone: VideoBackbone, device: torch.device | str) -> Iterator[list[torch.nn.Module]]:
+    """In the block the text encoders are on ``device`` and the backbone computes there, while everything else
+    (`parked_while_encoding`, yielded) waits on the host; afterwards the text encoders go to the host and the rest
+    to ``device``."""
+    parked = parked_while_encoding(backbone)
+    for module in parked:
+        module.to("cpu")
+    backbone.offload_text_encoders(device)
+    try:
+        with backbone.computing_on(device):
+            yield parked
+    finally:
+        backbone.offload_text_encoders()
+        for module in parked:
+            module.to(device)
+
+
 def precompute_prompt_embeddings(
-    backbone: VideoBackbone, prompts: list[str], negative_prompt: str | None
+    backbone: VideoBackbone, prompts: list[str], negative_prompt: str | None, device: torch.device | str
 ) -> None:
-    """Encode every distinct prompt once, `PROMPT_ENCODE_CHUNK` per call, into the backbone's prompt cache, then
-    move the text encoders off the device (``precompute_prompt_embeddings``)."""
+    """Encode every distinct prompt once into the backbone's prompt cache (on the host), before the transformer
+    occupies ``device`` (``precompute_prompt_embeddings``): the text encoders alone on ``device``
+    (`text_encoders_alone_on`), `PROMPT_ENCODE_CHUNK` prompts per call. So encoding, a one-time phase, never holds
+    the text encoders and the transformer on the device together (docs/training_on_gpus.md)."""
     distinct = list(dict.fromkeys(prompts))
-    for start in range(0, len(distinct), PROMPT_ENCODE_CHUNK):
-        backbone.encode_prompts(distinct[start : start + PROMPT_ENCODE_CHUNK], negative_prompt)
-    backbone.offload_text_encoders()
+    with text_encoders_alone_on(backbone, device):
+        for start in range(0, len(distinct), PROMPT_ENCODE_CHUNK):
+            backbone.encode_prompts(distinct[start : start + PROMPT_ENCODE_CHUNK], negative_prompt)

@@ -148,6 +148,7 @@ TRAIN_CASES: list[tuple[list[str], str]] = [
     (["--width", "0"], "width"),
     (["--num_inference_steps", "0"], "num_inference_steps"),
     (["--rollout_batch_size", "0"], "rollout_batch_size"),
+    (["--activation_offload", "true"], "activation_offload holds the block inputs"),
     (["--shift", "0"], "shift"),
     (["--shift", "-3"], "shift"),
     (["--gpu_memory_gib", "0"], "gpu_memory_gib"),

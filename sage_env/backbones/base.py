@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 import pickle
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -310,10 +311,27 @@ class VideoBackbone(ABC):
 
     # -- placement -------------------------------------------------------------------------------
 
+    _compute_device: torch.device | None = None
+
     @property
     def device(self) -> torch.device:
-        """Device of the trainable module."""
+        """Where the backbone computes: the trainable module's device, or the device `computing_on` names."""
+        if self._compute_device is not None:
+            return self._compute_device
         return next(self.transformer.parameters()).device
+
+    @contextmanager
+    def computing_on(self, device: torch.device | str) -> Iterator[None]:
+        """Compute on ``device`` in the block (`device` says so) wherever the transformer is: how prompts are
+        encoded on the accelerator before the transformer occupies it
+        (`sage_trl.training_setup.precompute_prompt_embeddings`). Backbones encode on `device`, so plug-ins that do
+        the same need nothing more."""
+        previous = self._compute_device
+        self._compute_device = torch.device(device)
+        try:
+            yield
+        finally:
+            self._compute_device = previous
 
     @property
     def dtype(self) -> torch.dtype:

@@ -31,7 +31,7 @@ from sage_trl.preflight.gpus import DEFAULT_UTILISATION, GPUS, GpuSpec, resolve_
 from sage_trl.preflight.models import ModelConfigs, resolve_model_configs
 from sage_trl.preflight.plan import LIMITS, MemoryKind, PhasePlan, PreflightPlan
 from sage_trl.preflight.runner import trace_plan
-from sage_trl.preflight.savers import SAVERS, find_savers
+from sage_trl.preflight.savers import SAVERS, find_savers, saver_cost
 
 __all__ = [
     "DEFAULT_UTILISATION",
@@ -105,6 +105,7 @@ def plan_training(
     plan.gpu, plan.utilisation, plan.memory_budget_gib = gpu_spec, utilisation, gpu_memory_gib
     if suggest_savers and plan.fits is False:
         plan.savers, plan.saver_peak_bytes = find_savers(config, lora_config, plan, trace)
+        plan.saver_costs = [saver_cost(name) for name in plan.savers]
     return plan
 
 

@@ -117,9 +117,11 @@ class _MeasureRecorder:
 def measure_training_step(
     backbone: VideoBackbone, config: Any, lora_config: Any = None
 ) -> list[MeasuredPhase]:
-    """Run the preflight's phases for ``config`` on the real ``backbone`` and measure each (see the module docstring)."""
-    recorder = _MeasureRecorder(backbone.device)
-    with _one_cpu_thread(backbone.device):
+    """Run the preflight's phases for ``config`` on the real ``backbone`` and measure each (see the module docstring)
+    on the run's device (``config.device``: the backbone may wait on the host until the prompts are encoded)."""
+    device = torch.device(config.device)
+    recorder = _MeasureRecorder(device)
+    with _one_cpu_thread(device):
         run = sequence.prepare_and_encode(recorder, backbone, config, lora_config)
         sequence.run_training_step(recorder, run)
     return recorder.phases

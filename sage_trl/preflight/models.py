@@ -16,7 +16,7 @@ import importlib
 import inspect
 import json
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,8 +206,11 @@ class PaddedTokenizer:
         return self(["" for _ in conversations], max_length=max_length)
 
 
-def build_pipeline(configs: ModelConfigs, dtype: torch.dtype) -> Any:
-    """The diffusers pipeline of ``configs`` with every component built from its config (call under fake tensors)."""
+def build_pipeline(
+    configs: ModelConfigs, dtype: torch.dtype, device_of: Callable[[str], str] | None = None
+) -> Any:
+    """The diffusers pipeline of ``configs`` with every component built from its config (call under fake tensors,
+    or with ``device_of(component name)`` for random weights made on that device)."""
     import diffusers
 
     index = configs.components["model_index"]
@@ -221,7 +224,8 @@ def build_pipeline(configs: ModelConfigs, dtype: torch.dtype) -> Any:
         if name.startswith("tokenizer"):
             arguments[name] = PaddedTokenizer()
         elif library is not None:
-            arguments[name] = build_component(library, class_name, configs.components.get(name, {}), dtype)
+            with torch.device(device_of(name)) if device_of is not None else nullcontext():
+                arguments[name] = build_component(library, class_name, configs.components.get(name, {}), dtype)
     for name, value in index.items():
         if name in accepted and not isinstance(value, list) and not name.startswith("_"):
             arguments[name] = value  # pipeline settings such as Wan 2.2's boundary_ratio

@@ -60,6 +60,9 @@ class PhasePlan:
         uses_transformer: whether the transformer computes in the phase (FSDP gathers blocks then).
         gradient_bytes: accumulated gradients alive during the phase (sharded by FSDP like the parameters).
         note: what the phase covers.
+        total_transient_bytes: the phase's peak above its start of device and host memory together: what one
+            allocator would see if both were one (a CPU run); above ``peak_bytes - start_bytes`` by the host copies
+            the phase holds at that moment (``activation_offload``).
     """
 
     name: str
@@ -70,6 +73,13 @@ class PhasePlan:
     uses_transformer: bool
     gradient_bytes: int = 0
     note: str = ""
+    total_transient_bytes: int = 0
+
+    @property
+    def before_wrapping(self) -> bool:
+        """A one-time phase (``per_optimizer_step`` 0: the prompt precomputation), which runs before the trainable
+        state and the distributed wrapper exist: DDP's buckets and FSDP's shards do not change it."""
+        return self.per_optimizer_step == 0
 
 
 @dataclass
@@ -90,6 +100,8 @@ class PreflightPlan:
     memory_budget_gib: float | None = None
     savers: list[str] | None = None
     """Savers that were switched on to fit the budget (None: not searched)."""
+    saver_costs: list[str] | None = None
+    """What each of `savers` costs (`sage_trl.preflight.savers.Saver.cost`)."""
     saver_peak_bytes: int | None = None
     trace_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
@@ -151,12 +163,13 @@ class PreflightPlan:
                 for k in kinds
             ]
             phases = [
-                _shift(p, self._fsdp_delta(p, sharded + p.gradient_bytes, world_size)) for p in self.phases
+                p if p.before_wrapping else _shift(p, self._fsdp_delta(p, sharded + p.gradient_bytes, world_size))
+                for p in self.phases
             ]
         else:
             buckets = next((k.num_bytes for k in kinds if k.name == "trainable parameters"), 0)
             kinds.append(MemoryKind("DDP gradient buckets", buckets))
-            phases = [_shift(p, buckets) for p in self.phases]
+            phases = [p if p.before_wrapping else _shift(p, buckets) for p in self.phases]
         return replace(self, kinds=kinds, phases=phases, world_size=world_size, fsdp=fsdp)
 
     def _fsdp_delta(self, phase: PhasePlan, sharded: int, world_size: int) -> int:
@@ -233,6 +246,9 @@ class PreflightPlan:
             after = self.required_gib(self.saver_peak_bytes)
             fits = after <= budget
             text += f" With {', '.join(self.savers)}: {after:.1f} GiB, {'fits' if fits else 'still does not fit'}."
+            if self.saver_costs:
+                costs = "; ".join(f"{name}: {cost}" for name, cost in zip(self.savers, self.saver_costs))
+                text += f" What each costs: {costs}."
             if fits:
                 return text
         if self.savers is not None:

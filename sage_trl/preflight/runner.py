@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from sage_env.backbones import VideoBackbone, backbone_class
+from sage_trl import activation_offload
 from sage_trl.preflight import sequence, steps
 from sage_trl.preflight.models import (
     ModelConfigs,
@@ -55,7 +56,8 @@ class _TraceRecorder:
         memory = self.meter.phases[-1]
         self.phases.append(
             PhasePlan(
-                name, memory.start_bytes, memory.peak_bytes, memory.flops, runs, transformer, gradients, note
+                name, memory.start_bytes, memory.peak_bytes, memory.flops, runs, transformer, gradients, note,
+                memory.total_peak_bytes - memory.total_start_bytes,
             )
         )
         self.seconds[name] = time.perf_counter() - start
@@ -169,7 +171,7 @@ def trace_plan(
     """Trace ``config`` at full size on one process (see the module docstring); the plan has no GPU or budget yet."""
     start = time.perf_counter()
     configs = model_configs or resolve_model_configs(config.model_name_or_path)
-    with trace_session() as meter:
+    with trace_session() as meter, activation_offload.host_copies_marked(meter.host_allocations):
         recorder = _TraceRecorder(meter)
         pipeline = build_pipeline(configs, config.parameter_dtype(lora_config is not None))
         backbone = backbone_for(configs, pipeline)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from sage_env.backbones import VideoBackbone
+from sage_trl import training_setup
 from sage_trl.preflight.steps import (
     TrainingRun,
     allocate_rollout_buffer,
@@ -61,9 +62,8 @@ def _tensors_of(modules: Sequence[torch.nn.Module | None]) -> list[torch.Tensor]
 
 
 def text_encoder_tensors(backbone: VideoBackbone) -> list[torch.Tensor]:
-    """Weights of the pipeline's text encoders."""
-    pipeline = backbone.pipeline
-    return _tensors_of([getattr(pipeline, name, None) for name in ("text_encoder", "text_encoder_2")])
+    """Weights of the backbone's text encoders."""
+    return _tensors_of(training_setup.text_encoders(backbone))
 
 
 def _encode(
@@ -87,18 +87,31 @@ def _encode(
         recorder.to_host(text_encoder_tensors(backbone))
 
 
+def _precompute(
+    recorder: PhaseRecorder, backbone: VideoBackbone, negative: str | None, device: torch.device
+) -> None:
+    """`training_setup.precompute_prompt_embeddings`, one chunk of it: the text encoders alone on the run's
+    ``device`` while the transformer and VAE wait on the host (`training_setup.text_encoders_alone_on`)."""
+    with training_setup.text_encoders_alone_on(backbone, device) as parked:
+        recorder.to_host(_tensors_of(parked))
+        recorder.to_host(text_encoder_tensors(backbone), host=False)
+        _encode(recorder, backbone, precompute_prompts(), negative, 0, offload=False)
+    recorder.to_host(text_encoder_tensors(backbone))
+    recorder.to_host(_tensors_of(parked), host=False)
+
+
 def prepare_and_encode(
     recorder: PhaseRecorder, backbone: VideoBackbone, config: Any, lora_config: Any
 ) -> TrainingRun:
-    """`prepare_run` with the prompt encoding where the trainer does it: precomputed before the references and
-    the optimizer state exist, or at the first rollout; text encoders offloaded as the config says."""
+    """`prepare_run` with the prompt encoding where the trainer does it: precomputed before anything else (the
+    transformer waiting on the host), or at the first rollout; text encoders offloaded as the config says."""
     negative = config.algorithm_config().negative_prompt
+    precomputing = config.precompute_prompt_embeddings
 
     def precompute(model: VideoBackbone) -> None:
-        _encode(recorder, model, precompute_prompts(), negative, 0, offload=True)
+        _precompute(recorder, model, negative, config.device)
 
-    precomputing = config.precompute_prompt_embeddings
-    run = prepare_run(backbone, config, lora_config, before_references=precompute if precomputing else None)
+    run = prepare_run(backbone, config, lora_config, precompute=precompute if precomputing else None)
     anchor = run.references.anchor
     if anchor is not None and anchor.offload:
         recorder.to_host(list(anchor.values.values()))

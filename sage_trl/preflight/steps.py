@@ -116,17 +116,19 @@ def prepare_run(
     config: Any,
     lora_config: Any = None,
     *,
-    before_references: Callable[[VideoBackbone], None] | None = None,
+    precompute: Callable[[VideoBackbone], None] | None = None,
     steady_state: bool = True,
 ) -> TrainingRun:
-    """Put ``backbone`` in the trainer's training state for ``config``, in `SageGRPOTrainer`'s order: LoRA (or all
-    weights trainable), the algorithm, accelerate's mixed-precision wrapper, the memory savers, then
-    ``before_references(backbone)`` (where the trainer precomputes prompt embeddings), the references and the
-    optimizer. ``steady_state``: take one optimizer step with zero gradients, so that the optimizer state exists
+    """Put ``backbone`` in the trainer's training state for ``config``, in `SageGRPOTrainer`'s order:
+    ``precompute(backbone)`` (where the trainer precomputes prompt embeddings, before anything else), LoRA (or all
+    weights trainable), the algorithm, accelerate's mixed-precision wrapper, the memory savers, the references and
+    the optimizer. ``steady_state``: take one optimizer step with zero gradients, so that the optimizer state exists
     as in every step after the first.
     """
     from sage_trl.lora import add_lora
 
+    if precompute is not None:
+        precompute(backbone)
     if lora_config is not None:
         add_lora(backbone, lora_config)
     else:
@@ -135,8 +137,6 @@ def prepare_run(
     algorithm = ALGORITHM_CLASSES[config.algorithm](algorithm_config, seed=config.seed)
     _wrap_mixed_precision(backbone.transformer, _autocast_dtype(config))
     training_setup.enable_memory_savers(backbone, config)
-    if before_references is not None:
-        before_references(backbone)
     backbone.transformer.train()
     trainable = [p for p in backbone.transformer.parameters() if p.requires_grad]
     run = TrainingRun(

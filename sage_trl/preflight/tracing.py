@@ -112,13 +112,16 @@ class TraceError(RuntimeError):
 
 @dataclass(frozen=True)
 class PhaseMemory:
-    """Device bytes of one traced phase: alive when it started, its peak, alive when it ended."""
+    """Device bytes of one traced phase: alive when it started, its peak, alive when it ended; and the same of
+    device and host memory together (``total_*``: what one allocator would hold if both were one, as on a CPU)."""
 
     name: str
     start_bytes: int
     peak_bytes: int
     end_bytes: int
     flops: int = 0
+    total_start_bytes: int = 0
+    total_peak_bytes: int = 0
 
     @property
     def transient_bytes(self) -> int:
@@ -167,9 +170,12 @@ class MemoryMeter(TorchDispatchMode):
         self._sizes: dict[int, int] = {}
         self._refs: dict[int, weakref.ref] = {}
         self._host: set[int] = set()
+        self._allocating_host = False
         self._shadows: dict[int, torch.Tensor] = {}
         self.device_bytes = 0
+        self.host_bytes = 0
         self.peak_bytes = 0
+        self.total_peak_bytes = 0
         self.flops = 0
         self.phases: list[PhaseMemory] = []
 
@@ -181,8 +187,13 @@ class MemoryMeter(TorchDispatchMode):
         size = self._sizes.pop(key, 0)
         if key in self._host:
             self._host.discard(key)
+            self.host_bytes -= size
         else:
             self.device_bytes -= size
+
+    def _raise_peaks(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.device_bytes)
+        self.total_peak_bytes = max(self.total_peak_bytes, self.device_bytes + self.host_bytes)
 
     def track(self, tensor: torch.Tensor) -> int:
         """Register ``tensor``'s storage if it is new; returns the storage's key."""
@@ -191,12 +202,25 @@ class MemoryMeter(TorchDispatchMode):
         known = self._sizes.get(key)
         if known is None:
             self._refs[key] = weakref.ref(storage, lambda _, key=key: self._release(key))
+            if self._allocating_host:
+                self._host.add(key)
         if known != size:  # new, or grown in place (``resize_``)
             self._sizes[key] = size
-            if key not in self._host:
+            if key in self._host:
+                self.host_bytes += size - (known or 0)
+            else:
                 self.device_bytes += size - (known or 0)
-                self.peak_bytes = max(self.peak_bytes, self.device_bytes)
+            self._raise_peaks()
         return key
+
+    @contextmanager
+    def host_allocations(self) -> Iterator[None]:
+        """Storages created in the block are host memory (the copies a saver makes to the host)."""
+        previous, self._allocating_host = self._allocating_host, True
+        try:
+            yield
+        finally:
+            self._allocating_host = previous
 
     def storage_bytes(self, tensors: Iterable[torch.Tensor]) -> int:
         """Bytes of the distinct storages behind ``tensors`` (views and shared storages counted once)."""
@@ -206,13 +230,18 @@ class MemoryMeter(TorchDispatchMode):
         """Mark the storages of ``tensors`` as host (CPU) memory, or back as device memory."""
         for tensor in tensors:
             key = self.track(tensor)
-            if host and key not in self._host:
-                self._host.add(key)
-                self.device_bytes -= self._sizes[key]
-            elif not host and key in self._host:
-                self._host.discard(key)
-                self.device_bytes += self._sizes[key]
-                self.peak_bytes = max(self.peak_bytes, self.device_bytes)
+            if host != (key in self._host):
+                self._move(key, host)
+
+    def _move(self, key: int, host: bool) -> None:
+        size = self._sizes[key]
+        if host:
+            self._host.add(key)
+        else:
+            self._host.discard(key)
+        self.device_bytes += -size if host else size
+        self.host_bytes += size if host else -size
+        self._raise_peaks()
 
     def on_host(self, tensors: Iterable[torch.Tensor]) -> bool:
         """Whether every storage behind ``tensors`` is marked as host memory."""
@@ -226,21 +255,25 @@ class MemoryMeter(TorchDispatchMode):
         """Mark storages, by key (see `live_storages`), as host memory."""
         for key in keys:
             if key in self._sizes and key not in self._host:
-                self._host.add(key)
-                self.device_bytes -= self._sizes[key]
+                self._move(key, host=True)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Record the device peak of the block as the phase ``name`` (appended to `phases`)."""
-        start, flops = self.device_bytes, self.flops
+        start, flops, total_start = self.device_bytes, self.flops, self.device_bytes + self.host_bytes
         outer_peak, self.peak_bytes = self.peak_bytes, start
+        outer_total_peak, self.total_peak_bytes = self.total_peak_bytes, total_start
         try:
             yield
         finally:
             self.phases.append(
-                PhaseMemory(name, start, self.peak_bytes, self.device_bytes, self.flops - flops)
+                PhaseMemory(
+                    name, start, self.peak_bytes, self.device_bytes, self.flops - flops,
+                    total_start, self.total_peak_bytes,
+                )
             )
             self.peak_bytes = max(outer_peak, self.peak_bytes)
+            self.total_peak_bytes = max(outer_total_peak, self.total_peak_bytes)
 
     # -- shadow values ---------------------------------------------------------------------------
 

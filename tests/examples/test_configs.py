@@ -80,8 +80,10 @@ def test_the_expected_configs_exist() -> None:
     names = {path.stem for path in TRAINING_CONFIGS}
     assert names == {
         "hunyuanvideo15_480p_lora_1gpu",
+        "hunyuanvideo15_480p_lora_1gpu_48gb",
         "hunyuanvideo15_480p_lora_8gpu_ddp",
         "hunyuanvideo15_480p_lora_multinode_fsdp",
+        "wan21_1.3b_lora_1gpu_16gb",
         "wan21_1.3b_lora_1gpu_24gb",
     }
 

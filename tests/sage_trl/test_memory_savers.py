@@ -12,7 +12,7 @@ import torch
 from peft import LoraConfig
 
 from sage_env.backbones import load_backbone
-from sage_trl import SageGRPOConfig, SageGRPOTrainer
+from sage_trl import SageGRPOConfig, SageGRPOTrainer, activation_offload
 from tests.doubles import mean_brightness
 from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE
 
@@ -85,6 +85,7 @@ def assert_same_update(
         {"vae_tiling": True, "vae_slicing": True},
         {"offload_text_encoders": False},
         {"rollout_batch_size": 3},
+        {"gradient_checkpointing": True, "activation_offload": True},
     ],
     ids=[
         "gradient_checkpointing",
@@ -93,6 +94,7 @@ def assert_same_update(
         "vae_tiling_slicing",
         "no_encoder_offload",
         "rollout_batch_3",
+        "activation_offload",
     ],
 )
 def test_saver_leaves_the_update_unchanged(
@@ -102,6 +104,9 @@ def test_saver_leaves_the_update_unchanged(
     assert_same_update(weights, reference, BATCHING_ATOL if "rollout_batch_size" in saver else ROUNDING_ATOL)
     if saver.get("gradient_checkpointing"):
         assert trainer.backbone.transformer.is_gradient_checkpointing
+    if saver.get("activation_offload"):
+        function = trainer.backbone.transformer._gradient_checkpointing_func
+        assert function is activation_offload.offloaded_checkpoint
     if saver.get("vae_tiling"):
         assert trainer.backbone.vae.use_tiling and trainer.backbone.vae.use_slicing
 
@@ -132,6 +137,47 @@ def test_precomputed_prompts_are_not_encoded_again(tiny_wan_path: Path, tmp_path
     calls.clear()
     trainer.train()
     assert calls == []
+
+
+def test_prompts_are_encoded_before_the_transformer_occupies_the_device(
+    tiny_wan_path: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The trainer loads the backbone on the host, brings the text encoders to the run's device, encodes in chunks,
+    sends them back, and only then moves the transformer and the VAE to the device (CPU here: the order is what a
+    GPU run does, checked on moves and encoding calls)."""
+    from sage_trl import training_setup
+
+    events: list[tuple[str, str]] = []
+    load = training_setup.load_backbone
+
+    def spying_load(*args, **kwargs):
+        backbone = load(*args, **kwargs)
+        events.append(("load", str(kwargs["device"])))
+        pipeline = backbone.pipeline
+        for name in ("transformer", "vae", "text_encoder"):
+            module, move = getattr(pipeline, name), getattr(pipeline, name).to
+            module.to = lambda *a, name=name, move=move, **k: (events.append((name, str(a[0]) if a else str(k))), move(*a, **k))[1]
+        encode = backbone._encode_uncached
+
+        def encoding(prompts, negative_prompt):
+            events.append(("encode", f"{len(prompts)} prompts on {backbone.device}"))
+            return encode(prompts, negative_prompt)
+
+        backbone._encode_uncached = encoding
+        return backbone
+
+    monkeypatch.setattr(training_setup, "load_backbone", spying_load)
+    monkeypatch.setattr(training_setup, "PROMPT_ENCODE_CHUNK", 3)
+    args = SageGRPOConfig(
+        output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=4, use_cpu=True,
+        model_name_or_path=str(tiny_wan_path), precompute_prompt_embeddings=True, **TINY_VIDEO_SIZE,
+    )  # fmt: skip
+    SageGRPOTrainer(None, mean_brightness, args=args, train_dataset=PROMPTS)
+    assert events[:4] == [("load", "cpu"), ("transformer", "cpu"), ("vae", "cpu"), ("text_encoder", "cpu")]
+    encodes = [index for index, event in enumerate(events) if event[0] == "encode"]
+    assert [events[i][1] for i in encodes] == ["3 prompts on cpu", "1 prompts on cpu"]  # chunks of 3
+    after = events[encodes[-1] + 1 :]
+    assert after[:3] == [("text_encoder", "cpu"), ("transformer", "cpu"), ("vae", "cpu")]  # then to args.device
 
 
 def test_vae_savers_refuse_pixel_space_backbones() -> None:

@@ -28,6 +28,7 @@ from sage_trl.preflight.measure import measure_training_step
 from sage_trl.preflight.models import build_pipeline
 from sage_trl.preflight.replay import replay_calls
 from sage_trl.preflight.runner import trace_plan
+from sage_trl.preflight.savers import SAVERS, saver_cost
 from sage_trl.preflight.tracing import TraceError, trace_session
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -95,6 +96,19 @@ def test_traced_peaks_equal_the_cpu_allocators_peaks_of_the_same_step(
             assert 0 < transient <= real.transient_bytes, phase.name
 
 
+def test_precomputed_prompts_are_encoded_with_only_the_text_encoders_on_the_device(
+    tiny_wan_path: Path, tmp_path: Path
+) -> None:
+    config = tiny_config(tiny_wan_path, tmp_path, precompute_prompt_embeddings=True, offload_text_encoders=True)
+    plan = trace_plan(config, tiny_lora(), model_configs=resolve_model_configs(str(tiny_wan_path)))
+    encode = next(p for p in plan.phases if p.name == "encode prompts")
+    kinds = {kind.name: kind for kind in plan.kinds}
+    text, parked = kinds["text encoders"].num_bytes, kinds["transformer weights"].num_bytes + kinds["VAE"].num_bytes
+    # The text encoders and little else (the scheduler's tables): the transformer and the VAE wait on the host.
+    assert text <= encode.start_bytes < text + parked / 10
+    assert plan.phases[1].start_bytes >= kinds["transformer weights"].num_bytes  # and are back for the rollout
+
+
 def test_checkpointing_and_micro_batch_change_the_traced_training_peak(
     tiny_wan_path: Path, tmp_path: Path
 ) -> None:
@@ -117,20 +131,27 @@ def test_checkpointing_and_micro_batch_change_the_traced_training_peak(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("name", "gpu", "weights_bytes"),
+    ("name", "gpu", "budget_gib", "weights_bytes"),
     [
-        ("hunyuanvideo15_480p_lora_1gpu.yaml", "H100", 2 * 8.33e9),  # 8.33B parameters in bf16
-        ("wan21_1.3b_lora_1gpu_24gb.yaml", "RTX4090", 2 * 1.42e9),  # 1.42B
+        ("hunyuanvideo15_480p_lora_1gpu.yaml", "H100", None, 2 * 8.33e9),  # 8.33B parameters in bf16
+        ("hunyuanvideo15_480p_lora_1gpu_48gb.yaml", "L40S", 44.0, 2 * 8.33e9),
+        ("wan21_1.3b_lora_1gpu_24gb.yaml", "RTX4090", None, 2 * 1.42e9),  # 1.42B
+        ("wan21_1.3b_lora_1gpu_16gb.yaml", "RTX4090", 14.5, 2 * 1.42e9),
     ],
 )
 def test_full_size_plans_of_the_example_configs_back_their_claims(
-    name: str, gpu: str, weights_bytes: float
+    name: str, gpu: str, budget_gib: float | None, weights_bytes: float
 ) -> None:
     script_args, config = example(name)
-    plan = plan_training(config, lora_config=script_args.peft_config(), gpu=gpu, rewards=script_args.reward)
-    assert plan.fits, plan.format()  # "one 80 GB GPU" / "one 24 GB GPU", margins included
+    plan = plan_training(
+        config, lora_config=script_args.peft_config(), gpu=gpu, rewards=script_args.reward, gpu_memory_gib=budget_gib
+    )
+    # "one 80 GB GPU" / "one 24 GB GPU" (the GPUs' capacities), 44 and 14.5 GiB for 48 and 16 GB cards; margins included
+    assert plan.fits, plan.format()
     kinds = {kind.name: kind for kind in plan.kinds}
     assert kinds["transformer weights"].num_bytes == pytest.approx(weights_bytes, rel=0.01)
+    encode = next(phase for phase in plan.phases if phase.name == "encode prompts")
+    assert encode.start_bytes < kinds["text encoders"].num_bytes + GIB  # the transformer waits on the host
     assert (
         not kinds["text encoders"].on_device and not kinds["reward model"].on_device
     )  # offloaded by the configs
@@ -143,7 +164,8 @@ def test_full_size_plans_of_the_example_configs_back_their_claims(
         "optimizer step",
     }
     for phase in phases.values():
-        assert phase.peak_bytes >= phase.start_bytes > kinds["transformer weights"].num_bytes
+        resident = kinds["text encoders" if phase is encode else "transformer weights"].num_bytes
+        assert phase.peak_bytes >= phase.start_bytes >= resident
     assert (
         phases["rollout step"].flops > 0
         and phases["training micro-step"].flops > phases["rollout step"].flops / 8
@@ -192,6 +214,21 @@ def test_meter_counts_live_storages_once_and_follows_frees() -> None:
         assert meter.device_bytes - base == 4_000_000 and view.shape == (10, 1000)
         meter.set_host([first])
         assert meter.device_bytes == base
+
+
+def test_meter_counts_host_copies_apart_and_in_the_total() -> None:
+    with trace_session() as meter:
+        device = torch.empty(1000, 1000)  # 4 MB on the device
+        with meter.phase("offload"):
+            with meter.host_allocations():
+                host = device.to("cpu", copy=True)  # a saver's copy to the host
+            del device
+        phase = meter.phases[-1]
+        assert phase.peak_bytes == phase.start_bytes and phase.end_bytes == phase.start_bytes - 4_000_000
+        assert phase.total_peak_bytes - phase.total_start_bytes == 4_000_000  # both copies alive for a moment
+        assert meter.host_bytes == 4_000_000 and meter.on_host([host])
+        del host
+        assert meter.host_bytes == 0
 
 
 def test_program_decided_values_are_known_and_activations_are_not() -> None:
@@ -311,6 +348,14 @@ def test_world_sizes_add_ddp_buckets_or_shard_with_fsdp() -> None:
     assert {k.name: k.num_bytes for k in fsdp.kinds}["VAE"] == GIB  # not sharded
 
 
+def test_the_prompt_precompute_runs_before_ddp_or_fsdp_wrap_the_model() -> None:
+    plan = _hand_plan()
+    encode = PhasePlan("encode prompts", 14 * GIB, 17 * GIB, 10**14, 0, False)  # once, at the start
+    plan.phases = [encode, *plan.phases]
+    for world in (plan.for_world(8, fsdp=False), plan.for_world(32, fsdp=True)):
+        assert world.phases[0] == encode and world.phases[1] != plan.phases[1]
+
+
 def test_time_and_fit_use_the_gpu_throughput_and_the_stated_margins() -> None:
     plan = _hand_plan()
     plan.gpu = GPUS["H100"]
@@ -320,3 +365,14 @@ def test_time_and_fit_use_the_gpu_throughput_and_the_stated_margins() -> None:
     assert plan.fits and plan.budget_gib == 80
     plan.memory_budget_gib = 40
     assert plan.fits is False and "Does NOT fit in 40 GiB" in plan.format()
+
+
+def test_the_verdict_names_each_saver_with_what_it_costs() -> None:
+    plan = _hand_plan()
+    plan.memory_budget_gib = 40
+    plan.savers, plan.saver_peak_bytes = ["activation_offload: true"], 30 * GIB
+    plan.saver_costs = [saver_cost(name) for name in plan.savers]
+    verdict = plan.format()
+    assert "With activation_offload: true: 34.0 GiB, fits. What each costs: activation_offload: true: two PCIe" in verdict
+    assert {saver.name for saver in SAVERS} >= {"activation_offload: true", "gradient_checkpointing: true"}
+    assert all(saver.cost for saver in SAVERS)
