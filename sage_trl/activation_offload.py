@@ -8,10 +8,10 @@ a checkpointing function that copies the inputs that carry gradients (the hidden
 to the host, drops the device copy, and brings them back when backward recomputes the block: the device keeps
 one block's activations instead of every block's inputs. The update is unchanged (same arithmetic: the forward
 runs on the device tensors themselves, the recompute on their copies); the cost is two copies of every offloaded
-input over PCIe (to the host in the forward, back for the recompute), ``2 x bytes / bandwidth`` per micro-step
-(`transfer_seconds`). Measured on an H200 machine (HunyuanVideo 1.5 480p, 14 GiB offloaded): the micro-step took
-34.5 s against 25.5-26.4 s without, more than the estimate's ~1.5 s: the host copies are pageable memory, which
-the copy engine cannot overlap with compute.
+input over PCIe (to the host in the forward, back for the recompute) and as much host RAM. Measured on an H200
+machine (HunyuanVideo 1.5 480p, 14 GiB offloaded): the micro-step took 34.5 s against 25.5-26.4 s without, far
+more than 28 GiB at PCIe speed (~1.5 s): most likely because the copies go to pageable host memory, which the copy
+engine cannot overlap with compute.
 
 Inputs that do not carry gradients (rotary tables, the timestep embedding, the text states of a frozen base) are
 shared by every block and stay on the device. ``torch.autograd.graph.save_on_cpu`` would not do this job:
@@ -27,12 +27,9 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["HOST", "PCIE_BYTES_PER_SECOND", "host_copies_marked", "offloaded_checkpoint", "transfer_seconds"]
+__all__ = ["HOST", "host_copies_marked", "offloaded_checkpoint"]
 
 HOST = torch.device("cpu")
-PCIE_BYTES_PER_SECOND = 20e9
-"""Host <-> device copy throughput assumed by `transfer_seconds`: PCIe 4.0 x16 from pageable host memory, about
-20 GB/s in practice (PCIe 5.0 and pinned memory do better)."""
 
 _host_allocations: Callable[[], AbstractContextManager[None]] = nullcontext
 
@@ -81,8 +78,3 @@ def offloaded_checkpoint(block: torch.nn.Module, *args: Any) -> Any:
 
     return checkpoint(run, *held, use_reentrant=False)
 
-
-def transfer_seconds(offloaded_bytes: float) -> float:
-    """Seconds of host <-> device copies per training micro-step when ``offloaded_bytes`` of block inputs are
-    offloaded: out in the forward, back for the recompute, at `PCIE_BYTES_PER_SECOND`."""
-    return 2 * offloaded_bytes / PCIE_BYTES_PER_SECOND
