@@ -47,17 +47,16 @@ def host_copies_marked(marking: Callable[[], AbstractContextManager[None]]) -> I
 
 
 def _offloaded(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.requires_grad and value.device.type != "meta"
+    return isinstance(value, torch.Tensor) and value.requires_grad
 
 
 def offloaded_checkpoint(block: torch.nn.Module, *args: Any) -> Any:
     """``torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False)`` with the arguments that carry
     gradients held on the host until the block runs (diffusers' ``gradient_checkpointing_func`` signature)."""
-    offloaded = [_offloaded(arg) for arg in args]
-    devices = [arg.device if moved else None for arg, moved in zip(args, offloaded)]
+    devices = [arg.device if _offloaded(arg) else None for arg in args]  # None: stays where it is
     held = []
-    for arg, moved in zip(args, offloaded):
-        if moved:
+    for arg, device in zip(args, devices):
+        if device is not None:
             with _host_allocations():
                 arg = arg.to(HOST, copy=True, non_blocking=True)
         held.append(arg)

@@ -111,18 +111,8 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         if not isinstance(args, SageGRPOConfig):
             raise ValueError(f"args must be a SageGRPOConfig, got {type(args).__name__}.")
         set_seed(args.seed)  # the adapter's random init must follow the run's seed
-        if model is None or isinstance(model, str):
-            check_model_facts(args, peft_config, model_name_or_path=model)
-        self.backbone = setup.load_training_backbone(model, args, lora=peft_config is not None)
-        self.model_name_or_path = model if isinstance(model, str) else args.model_name_or_path
-        self.pipeline_class = setup.pipeline_class_name(self.backbone)
-        args.resolve_model_defaults(self.pipeline_class)
-        setup.check_video_size(args)
         train_dataset = setup.prompt_dataset(train_dataset)
-        if args.precompute_prompt_embeddings:
-            setup.precompute_prompt_embeddings(
-                self.backbone, train_dataset["prompt"], args.negative_prompt, args.device
-            )
+        self._load_backbone(model, args, peft_config, train_dataset["prompt"])
         self.peft_config = add_lora(self.backbone, peft_config) if peft_config is not None else None
         if peft_config is None:
             self.backbone.transformer.requires_grad_(True)
@@ -146,6 +136,21 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         check_launch(self.accelerator)
         _trl_compat.init_grpo_state(self, args)
         self._init_rollout_and_loss_state(args)
+
+    def _load_backbone(
+        self, model: VideoBackbone | str | None, args: SageGRPOConfig, peft_config: Any, prompts: list[str]
+    ) -> None:
+        """The backbone in the run's dtype, the model's defaults filled into ``args``, and with
+        ``precompute_prompt_embeddings`` the prompts encoded before the transformer comes to the device."""
+        if model is None or isinstance(model, str):
+            check_model_facts(args, peft_config, model_name_or_path=model)
+        self.backbone = setup.load_training_backbone(model, args, lora=peft_config is not None)
+        self.model_name_or_path = model if isinstance(model, str) else args.model_name_or_path
+        self.pipeline_class = setup.pipeline_class_name(self.backbone)
+        args.resolve_model_defaults(self.pipeline_class)
+        setup.check_video_size(args)
+        if args.precompute_prompt_embeddings:
+            setup.precompute_prompt_embeddings(self.backbone, prompts, args.negative_prompt, args.device)
 
     def _init_rollout_and_loss_state(self, args: SageGRPOConfig) -> None:
         """After transformers' and TRL's state: memory savers, references, environment, counters, callbacks."""
