@@ -289,8 +289,9 @@ class PolicyGradientAlgorithm(Algorithm):
         steps = trajectory.num_steps
         return advantages[:, None].expand(-1, steps), usable[:, None].expand(-1, steps)
 
-    def transition_weights(self, trajectory: Trajectory) -> torch.Tensor:
-        """``(N, T)`` loss weight of each transition: the temporal gradient equalizer's (Eq. 12), or 1 without it."""
+    def transition_weights(self, trajectory: Trajectory, experts: torch.Tensor | None = None) -> torch.Tensor:
+        """``(N, T)`` loss weight of each transition: the temporal gradient equalizer's (Eq. 12), or 1 without it;
+        ``experts``: the expert of each step (`objective.equalizer_matrix`: one median per expert)."""
         cfg = self.config
         return objective.equalizer_matrix(
             trajectory.sigmas,
@@ -299,6 +300,7 @@ class PolicyGradientAlgorithm(Algorithm):
             cfg.equalizer,
             eps=cfg.equalizer_eps,
             median=cfg.equalizer_median,
+            experts=experts,
         )
 
     def training_batch(
@@ -315,7 +317,7 @@ class PolicyGradientAlgorithm(Algorithm):
         """
         self.check_trajectory(trajectory)
         cfg = self.config
-        weights = self.transition_weights(trajectory)
+        weights = self.transition_weights(trajectory, policy.expert_of(trajectory.sigmas[:, :-1]))
         step_advantages, step_usable = self.transition_advantages(trajectory, advantages, usable)
         trainable = trajectory.trainable & step_usable.to(trajectory.trainable.device)
         samples, steps = objective.select_timesteps(

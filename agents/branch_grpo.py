@@ -240,7 +240,7 @@ class BranchGRPOAlgorithm(PolicyGradientAlgorithm):
         index = columns.to(advantages.device)
         return advantages[:, index], usable[:, index.to(usable.device)]
 
-    def transition_weights(self, trajectory: Trajectory) -> torch.Tensor:
+    def transition_weights(self, trajectory: Trajectory, experts: torch.Tensor | None = None) -> torch.Tensor:
         """The equalizer's weights times ``1 / (lanes sharing the edge)``, rescaled to mean 1 over the stochastic
         steps: a shared edge's lanes together count as one edge, and the learning rate keeps its meaning."""
         plan = BranchPlan(trajectory.branch_steps, trajectory.branch_factor, len(trajectory))
@@ -248,7 +248,7 @@ class BranchGRPOAlgorithm(PolicyGradientAlgorithm):
         share = torch.tensor([1.0 / plan.node_size(level) for level in levels])
         stochastic = trajectory.trainable.any(0).cpu()
         share = share / share[stochastic].mean() if stochastic.any() else share
-        return super().transition_weights(trajectory) * share.to(trajectory.sigmas.device)[None]
+        return super().transition_weights(trajectory, experts) * share.to(trajectory.sigmas.device)[None]
 
 
 def _group_size(group_index: torch.Tensor) -> int:

@@ -143,12 +143,19 @@ def equalizer_matrix(
     enabled: bool = True,
     eps: float = 1e-8,
     median: str = "lower",
+    experts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Equalizer weights ``S_t`` (Eq. 9) for every sample and step: ``(N, T)``, 0 at deterministic steps.
 
     ``N_t = |d mean / d v| / std_t`` is analytic per SDE (App. A.5); the median (``"lower"``: the official
     code's ``torch.median``) runs over each trajectory's stochastic steps. With ``enabled=False`` every
     stochastic step weighs 1.
+
+    ``experts`` (``(N, T)`` long, `VideoBackbone.expert_of` of each step's sigma): with several experts (Wan 2.2
+    A14B) the median runs over each expert's own stochastic steps. The paper's aim (Sec. 4.2) is that every step
+    a network is trained on pulls with the same strength; each expert is its own network, so its steps are
+    equalized among themselves, and one median over both would scale one expert's whole update up and the
+    other's down (its steps' ``N_t`` lie on one side of the joint median). One expert: the same as ``None``.
     """
     sigma, sigma_next = sigmas[:, :-1].float(), sigmas[:, 1:].float()
     scales = torch.stack(
@@ -160,7 +167,16 @@ def equalizer_matrix(
     )
     if not enabled:
         return torch.isfinite(scales).float()
-    return sde.equalizer_weights(scales, eps=eps, median=median)
+    if experts is None:
+        return sde.equalizer_weights(scales, eps=eps, median=median)
+    experts = experts.to(scales.device)
+    weights = torch.zeros_like(scales)
+    for expert in experts.unique().tolist():
+        mine = experts == expert
+        # Steps of the other experts count as deterministic for this expert's median.
+        own = sde.equalizer_weights(torch.where(mine, scales, torch.inf), eps=eps, median=median)
+        weights = torch.where(mine, own, weights)
+    return weights
 
 
 def select_timesteps(

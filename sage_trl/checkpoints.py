@@ -112,16 +112,30 @@ def write_model_files(
     ``config`` as ``sage_config.json``. ``state_dict``: the weights to write instead of the module's own (the full
     state dict transformers gathered under FSDP)."""
     os.makedirs(output_dir, exist_ok=True)
-    weights = layout.LORA_WEIGHT_NAME if lora else layout.TRANSFORMER_FOLDER
-    RunFolder(output_dir).record(weights, layout.CONFIG_FILE)
+    parts = backbone.trained_parts()
+    weights = list(backbone.lora_files().values()) if lora else [_part_folder(prefix) for prefix in parts]
+    RunFolder(output_dir).record(*weights, layout.CONFIG_FILE)
     if lora:
         save_lora_adapter(backbone, output_dir, state_dict=state_dict)
     else:
-        _save_transformer(
-            backbone.transformer, os.path.join(output_dir, layout.TRANSFORMER_FOLDER), state_dict
-        )
+        for prefix, module in parts.items():
+            part_state = _part_state(state_dict, prefix)
+            _save_transformer(module, os.path.join(output_dir, _part_folder(prefix)), part_state)
     text = json.dumps(_strict_json(config), indent=2, default=str, allow_nan=False)
     Path(output_dir, layout.CONFIG_FILE).write_text(text + "\n")
+
+
+def _part_folder(prefix: str) -> str:
+    """The folder of a trained part after full fine-tuning: `layout.TRANSFORMER_FOLDER` for the whole transformer,
+    else the part's name (Wan 2.2's ``transformer`` and ``transformer_2``: the pipeline's own folders)."""
+    return prefix.rstrip(".") or layout.TRANSFORMER_FOLDER
+
+
+def _part_state(state_dict: dict[str, torch.Tensor] | None, prefix: str) -> dict[str, torch.Tensor] | None:
+    """The entries of ``state_dict`` (of the whole trainable module) under ``prefix``, without it."""
+    if state_dict is None or not prefix:
+        return state_dict
+    return {name.removeprefix(prefix): value for name, value in state_dict.items() if name.startswith(prefix)}
 
 
 def _strict_json(value: Any) -> Any:
@@ -162,12 +176,12 @@ def survivor(run_dir: str | os.PathLike) -> str:
 def load_model_weights(backbone: Any, folder: str | os.PathLike, *, lora: bool) -> None:
     """Load the adapter (``lora`` True) or the full transformer saved in ``folder`` into ``backbone``."""
     if lora:
-        load_lora_state(backbone.transformer, folder)
+        load_lora_state(backbone, folder)
         return
-    transformer = backbone.transformer
-    loaded = type(transformer).from_pretrained(os.path.join(folder, layout.TRANSFORMER_FOLDER))
-    # torch's loader of a full state dict: it cuts each tensor into the module's shards when FSDP2 sharded it.
-    set_model_state_dict(transformer, loaded.state_dict(), options=StateDictOptions(full_state_dict=True))
+    for prefix, module in backbone.trained_parts().items():
+        loaded = type(module).from_pretrained(os.path.join(folder, _part_folder(prefix)))
+        # torch's loader of a full state dict: it cuts each tensor into the module's shards when FSDP2 sharded it.
+        set_model_state_dict(module, loaded.state_dict(), options=StateDictOptions(full_state_dict=True))
 
 
 def write_state(folder: str | os.PathLike, state: dict[str, Any], process: int | None = None) -> None:

@@ -93,6 +93,25 @@ class SageGRPOFields(GRPOConfig):
         "LoRA with bf16, float32 otherwise (full fine-tuning keeps fp32 master weights).",
         Choice(tuple(TORCH_DTYPES), optional=True),
     )
+    expert: str | None = hyperparameter(
+        None,
+        "Wan 2.2 A14B: the expert that trains: 'transformer' (high noise), 'transformer_2' (low noise) or 'both' "
+        "(each training pair goes to the expert that produced its step, each expert with its own adapter, anchor "
+        "and optimizer groups: sage_trl.experts). None: the backbone's default (the high-noise expert). 'both' "
+        "costs a second adapter with its optimizer state and anchor (MBs with LoRA) and no extra compute; "
+        "recommended 'both' when the reward depends on detail the low-noise steps draw. Not in the paper (its "
+        "models have one transformer).",
+        Choice(("transformer", "transformer_2", "both"), optional=True),
+    )
+    offload_idle_expert: bool = hyperparameter(
+        False,
+        "With expert 'both': keep the frozen weights of the expert that is not computing in host memory and swap "
+        "them in when its steps come (sage_env.backbones.wan_experts). Saves one expert's weights on the device "
+        "(A14B in bf16: 26.6 GiB) at two copies of them per rollout and per optimizer step over PCIe (the preflight "
+        "counts them) and as much host RAM. Needs LoRA (the swapped weights must be frozen). Recommended for A14B "
+        "on one 80 GB GPU; unneeded with FSDP over several GPUs. Not in the paper (a memory saver).",
+        Flag(),
+    )
     algorithm: str = hyperparameter(
         "sage_grpo",
         "The algorithm: a built-in (the README's algorithm table says when to choose each), an installed package's "
@@ -266,6 +285,11 @@ class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
         # transformers would call gradient_checkpointing_enable(), which diffusers models do not have.
         self.gradient_checkpointing = False
         self.activation_checkpointing = False
+        if self.offload_idle_expert and self.expert != "both":
+            raise ValueError(
+                "offload_idle_expert swaps the idle one of two trained Wan 2.2 experts: set expert: both, or drop "
+                "offload_idle_expert."
+            )
         if self.activation_offload and not self.diffusers_gradient_checkpointing:
             raise ValueError(
                 "activation_offload holds the block inputs that gradient checkpointing keeps on the host, so it "

@@ -6,7 +6,8 @@ What it produces (one video per prompt and seed, tiled prompts x seeds into one 
   num_inference_steps=..., num_frames=..., height=..., width=..., output_type="pt")``, the pipeline's own
   sampler on its own scheduler, with the adapter loaded as users load it (``pipe.load_lora_weights`` for Wan,
   ``pipe.transformer.load_lora_adapter(path, prefix="transformer", use_safetensors=True)`` for HunyuanVideo
-  1.5). With ``FlowMatchEulerDiscreteScheduler`` (HunyuanVideo 1.5; the tests' tiny pipelines) this is also
+  1.5; an adapter folder of both Wan 2.2 A14B experts loads each file into its expert, the low-noise one with
+  ``load_into_transformer_2=True``). With ``FlowMatchEulerDiscreteScheduler`` (HunyuanVideo 1.5; the tests' tiny pipelines) this is also
   what an ``ode`` rollout of `sage_env.DenoisingVectorEnv` gives; with the released Wan checkpoints (UniPC)
   it is UniPC sampling, which an Euler rollout on the same sigmas does not reproduce.
 * any other backbone (the toy model): `sage_env.env.sample_videos`, the environment's own sampler with deterministic
@@ -38,6 +39,7 @@ from sage_env.video_io import WRITABLE_SUFFIXES, write_video
 from sage_trl.cli.resolve import check_prompts
 from sage_trl.config import TORCH_DTYPES
 from sage_trl.model_facts import check_video_settings
+from sage_trl.run_folder import layout
 
 __all__ = [
     "GenerationSettings",
@@ -182,7 +184,9 @@ def parse_generate_arguments(argv: Sequence[str] | None = None) -> GenerationSet
 
 def generate_videos(settings: GenerationSettings) -> torch.Tensor:
     """Load the model (and adapter) and sample every (prompt, seed): ``(P * S, F, 3, H, W)`` float32 in [0, 1]."""
-    backbone = load_backbone(settings.model, torch_dtype=settings.dtype, device=settings.device)
+    backbone = load_backbone(
+        settings.model, torch_dtype=settings.dtype, device=settings.device, **_adapter_experts(settings.adapter)
+    )
     # A size the model cannot make is an error here; the pipelines would silently round it.
     backbone.latent_shape(settings.sampling.num_frames, settings.sampling.height, settings.sampling.width)
     if settings.adapter is not None:
@@ -190,6 +194,14 @@ def generate_videos(settings: GenerationSettings) -> torch.Tensor:
     if isinstance(backbone, PipelineBackbone):
         return _pipeline_videos(backbone, settings)
     return _sampled_videos(backbone, settings)
+
+
+def _adapter_experts(adapter: str | None) -> dict[str, str]:
+    """``expert="both"`` for an adapter folder with one file per Wan 2.2 expert (`layout.EXPERT_2_LORA_WEIGHT_NAME`
+    beside the usual one: sage-train's ``expert: both``), so that each file loads into its expert."""
+    if adapter is not None and (Path(adapter) / layout.EXPERT_2_LORA_WEIGHT_NAME).is_file():
+        return {"expert": "both"}
+    return {}
 
 
 def _sampled_videos(backbone: VideoBackbone, settings: GenerationSettings) -> torch.Tensor:

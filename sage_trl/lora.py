@@ -79,22 +79,30 @@ def save_lora_adapter(
     metadata["target_modules"] = sorted(metadata.get("target_modules") or [])
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    backbone.save_lora_weights(directory, layers, metadata)
+    # One file per part of the transformer (`VideoBackbone.lora_files`: both Wan 2.2 experts get their own).
+    for prefix, weight_name in backbone.lora_files().items():
+        part = {name.removeprefix(prefix): tensor for name, tensor in layers.items() if name.startswith(prefix)}
+        backbone.save_lora_weights(directory, part, metadata, weight_name=weight_name)
     return directory / LORA_WEIGHT_NAME
 
 
-def load_lora_state(transformer: torch.nn.Module, directory: str | os.PathLike) -> None:
-    """Load saved adapter weights into the adapter already injected into ``transformer`` (resume).
+def load_lora_state(backbone: VideoBackbone, directory: str | os.PathLike) -> None:
+    """Load saved adapter weights (`save_lora_adapter`'s files) into the adapter already injected into
+    ``backbone.transformer`` (resume).
 
-    Raises ``ValueError`` when a key is missing or unexpected, so a wrong checkpoint never loads silently.
+    Raises ``ValueError`` when a file or key is missing or unexpected, so a wrong checkpoint never loads silently.
     """
-    path = Path(directory) / LORA_WEIGHT_NAME
-    if not path.is_file():
-        raise ValueError(f"No {LORA_WEIGHT_NAME} in {directory}; is this a LoRA checkpoint of this trainer?")
-    try:
-        saved = {key.removeprefix(_PREFIX): value for key, value in load_file(path).items()}
-    except SafetensorError as error:
-        raise ValueError(f"{path} is not a readable safetensors file ({error}); the checkpoint is damaged.") from error
+    transformer, saved = backbone.transformer, {}
+    for prefix, weight_name in backbone.lora_files().items():
+        path = Path(directory) / weight_name
+        if not path.is_file():
+            raise ValueError(f"No {weight_name} in {directory}; is this a LoRA checkpoint of this trainer?")
+        try:
+            saved |= {prefix + key.removeprefix(_PREFIX): value for key, value in load_file(path).items()}
+        except SafetensorError as error:
+            raise ValueError(
+                f"{path} is not a readable safetensors file ({error}); the checkpoint is damaged."
+            ) from error
     expected = set(get_peft_model_state_dict(transformer))
     if set(saved) != expected:
         missing, unexpected = sorted(expected - set(saved)), sorted(set(saved) - expected)

@@ -35,11 +35,13 @@ from sage_trl import _trl_compat
 from sage_trl import training_setup as setup
 from sage_trl.config import SageGRPOConfig
 from sage_trl.distributed import check_launch, parameters_outside, release_process_group_at_exit
+from sage_trl.experts import EXPERT_METRICS, expert_groups, expert_parameter_groups, routed_to
 from sage_trl.lora import add_lora
 from sage_trl.model_facts import check_model_facts
 from sage_trl.outputs import MetricsFileCallback
 from sage_trl.run_folder import layout
 from sage_trl.run_folder_trainer import RunFolderTrainerMixin
+from sage_trl.trainer_state import TrainerStateMixin
 
 __all__ = ["SageGRPOTrainer"]
 
@@ -60,7 +62,7 @@ class _AlgorithmCallback(TrainerCallback):
         self.trainer._after_optimizer_step()
 
 
-class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
+class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
     """Trainer for RL post-training of flow-matching text-to-video models (SAGE-GRPO by default).
 
     Args:
@@ -134,6 +136,11 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
             optimizers=optimizers,
         )
         check_launch(self.accelerator)
+        if self.is_deepspeed_enabled and len(self.backbone.trained_experts) > 1:
+            raise ValueError(
+                "expert: both runs each expert's micro-batches apart, which DeepSpeed's one-backward-per-step engine "
+                "cannot: launch with DDP or FSDP2 (examples/configs/accelerate), or train one expert."
+            )
         _trl_compat.init_grpo_state(self, args)
         self._init_rollout_and_loss_state(args)
 
@@ -169,6 +176,18 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
             self.add_callback(MetricsFileCallback(os.path.join(args.output_dir, layout.METRICS_FILE)))
         if self.accelerator.num_processes > 1:
             release_process_group_at_exit(self)
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        """transformers' optimizer; with several trained experts, one parameter group per expert and weight-decay
+        class (`sage_trl.experts.expert_parameter_groups`)."""
+        optimizer = super().create_optimizer(model)
+        names = self.backbone.expert_names
+        groups = expert_parameter_groups(optimizer.param_groups, self.backbone.transformer, names)
+        if len({group["expert"] for group in groups}) > 1:  # not when one expert trains
+            optimizer.param_groups = []  # no state yet: regrouping the same parameters changes nothing else
+            for group in groups:
+                optimizer.add_param_group(group)
+        return optimizer
 
     def _get_train_sampler(self, dataset: Dataset | None = None) -> _trl_compat.EpochSeededRepeatSampler:
         """GRPO's group-repeat sampler, shuffled per epoch from the seed so that resuming is exact."""
@@ -327,18 +346,23 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         start = time.perf_counter()
         self._step_had_valid = self._step_had_valid or bool(inputs.trajectory.rewards.valid.any())
         batch = self._step_transitions(inputs)
-        chunks, share = self._loss_chunks(batch, inputs)
-        scale = share / self.current_gradient_accumulation_steps
+        chunks = self._loss_chunks(batch, inputs)
         totals: dict[str, float] = defaultdict(float)
-        for index, (chunk, pairs) in enumerate(chunks):
+        several = len(self.backbone.expert_names) > 1
+        for index, (chunk, pairs, expert, weight) in enumerate(chunks):
             loss, metrics = self._chunk_loss(model, chunk)
             for name, value in {**metrics, "loss": loss.detach()}.items():
                 totals[name] += float(value) * pairs
-            weighted = loss * (pairs / max(len(batch), 1) * scale)
+            if several:  # the same names on every process: each runs every expert's rounds
+                prefix = f"expert/{self.backbone.expert_names[expert]}/"
+                totals[prefix + "pairs"] += pairs
+                for name in EXPERT_METRICS:
+                    totals[prefix + name] += float(metrics.get(name, 0.0)) * pairs
+            weighted = loss * (weight / self.current_gradient_accumulation_steps)
             if index < len(chunks) - 1:
                 with self.accelerator.no_sync(model):
                     self.accelerator.backward(weighted)
-        mean_loss = self._record_step_metrics(totals, len(batch), time.perf_counter() - start)
+        mean_loss = self._record_step_metrics(totals, sum(c[1] for c in chunks), time.perf_counter() - start)
         # The gradient is the last micro-batch's; the value is the step's loss over all processes.
         return weighted + (mean_loss / self.current_gradient_accumulation_steps - float(weighted.detach()))
 
@@ -353,19 +377,26 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
             on_policy=self._on_policy(),
         )
 
-    def _loss_chunks(self, batch: Any, inputs: ScoredTrajectory) -> tuple[list[tuple[Any, int]], float]:
-        """``([(micro-batch, pairs it counts for)], this process's share)``, the same number of micro-batches on
-        every process; the share is ``processes x local pairs / all pairs`` (1 in one process)."""
+    def _loss_chunks(self, batch: Any, inputs: ScoredTrajectory) -> list[tuple[Any, int, int, float]]:
+        """``[(micro-batch, pairs it counts for, expert, loss weight)]``: each trained expert's pairs in micro-batches
+        of their own (`sage_trl.experts`), the same number of each expert's micro-batches on every process, at least
+        one in all. The weight, ``processes x pairs / that expert's pairs on all processes``, makes each expert's
+        loss the mean over its own pairs once DDP or FSDP average the processes' gradients (0 for padding)."""
         size = max(len(batch), 1) if self.is_deepspeed_enabled else self.args.micro_batch_size
-        chunks = [(chunk, len(chunk)) for chunk in batch.chunks(size)] if len(batch) else []
-        counts = self.accelerator.gather(
-            torch.tensor([[len(chunks), len(batch)]], device=self.accelerator.device)
-        )
-        rounds, total = max(int(counts[:, 0].max()), 1), int(counts[:, 1].sum())
-        if len(chunks) < rounds:
-            padding = self._padding_chunk(batch, inputs, size)
-            chunks += [(padding, 0)] * (rounds - len(chunks))
-        return chunks, (len(counts) * len(batch) / total if total else 0.0)
+        groups = {e: list(rows.chunks(size)) if len(rows) else [] for e, rows in expert_groups(batch, self.backbone).items()}
+        local = [len(chunks) for chunks in groups.values()] + [sum(len(c) for c in chunks) for chunks in groups.values()]
+        counts = self.accelerator.gather(torch.tensor([local], device=self.accelerator.device))
+        rounds = counts[:, : len(groups)].max(0).values.tolist()
+        totals = counts[:, len(groups) :].sum(0).tolist()
+        if not any(rounds):
+            rounds[0] = 1
+        chunks = []
+        for (expert, expert_chunks), expert_rounds, total in zip(groups.items(), rounds, totals):
+            chunks += [(chunk, len(chunk), expert, len(counts) * len(chunk) / total) for chunk in expert_chunks]
+            if len(expert_chunks) < expert_rounds:
+                padding = routed_to(self._padding_chunk(batch, inputs, size), inputs.trajectory, self.backbone, expert)
+                chunks += [(padding, 0, expert, 0.0)] * (expert_rounds - len(expert_chunks))
+        return chunks
 
     def _padding_chunk(self, batch: Any, inputs: ScoredTrajectory, size: int) -> Any:
         """A micro-batch to run with weight 0 (its forwards take part in FSDP's gathers, it trains nothing)."""
@@ -390,7 +421,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         search for unused parameters (`sage_trl.distributed`); the parameters are found on the first loss."""
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
             return loss
-        if self._unreached is None:
+        if self._unreached is None or len(self.backbone.expert_names) > 1:  # each expert's micro-batch reaches its own
             self._unreached = parameters_outside(loss, model.module)
         return loss + sum(p.sum() for p in self._unreached) * 0.0 if self._unreached else loss
 
@@ -409,8 +440,13 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         local = torch.tensor(
             [*(totals[n] for n in names), pairs], dtype=torch.float64, device=self.accelerator.device
         )
-        summed = self.accelerator.reduce(local, "sum").tolist()
-        means = {name: total / summed[-1] for name, total in zip(names, summed)} if summed[-1] else {}
+        summed = dict(zip([*names, ""], self.accelerator.reduce(local, "sum").tolist()))
+        means = {}
+        for name in names:  # an expert's metrics are means over that expert's pairs
+            expert = "/".join(name.split("/")[:2]) + "/" if name.startswith("expert/") else ""
+            count = summed[expert + "pairs"] if expert else summed[""]
+            if count and not name.endswith("/pairs"):
+                means[name] = summed[name] / count
         for name, value in means.items():
             if name != "loss":
                 self._metrics["train"][name].append(value)
@@ -435,62 +471,6 @@ class SageGRPOTrainer(RunFolderTrainerMixin, GRPOTrainer):
         kl_value = sum(self._kl_values) / len(self._kl_values) if self._kl_values else 0.0
         self._kl_values = []
         self.algorithm.after_optimizer_step(kl_value, self.references)
-
-    # -- the trainer's own state in checkpoints (saved and loaded by sage_trl.checkpoints) ----------------------
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """The trainer's own state in a checkpoint (tensors, numbers, strings: saved without pickle)."""
-        return {
-            "algorithm": self.algorithm.state_dict(),
-            "anchor": self.references.anchor.state_dict() if self.references.anchor is not None else None,
-            "step": self._step,
-            "generation_round": self._generation_round,
-            "buffered_inputs": self._buffered_state(),
-            "kl_values": list(self._kl_values),
-            "reward_failures": self.reward_failures.state_dict(),
-            "resolved_reward_weights": dict(self.resolved_reward_weights),
-        }
-
-    def process_state(self) -> dict[str, Any]:
-        """What differs between the processes of a multi-process run: each saves its own (rollouts it buffered,
-        the timestep generator its batches drew from, the KL values of an unfinished accumulation)."""
-        return {
-            "buffered_inputs": self._buffered_state(),
-            "kl_values": list(self._kl_values),
-            "generator": self.algorithm.generator.get_state(),
-        }
-
-    def _buffered_state(self) -> list[dict[str, Any]] | None:
-        if self._buffered_inputs is None:
-            return None
-        return [rollout.state_dict() for rollout in self._buffered_inputs]
-
-    def _load_buffered_state(self, state: list[dict[str, Any]] | None) -> None:
-        if state is not None and any("trajectory" not in rollout for rollout in state):
-            raise ValueError(
-                "This checkpoint's buffered rollout has the layout of an earlier sage-grpo version (a dict of "
-                "tensors); resume it with the version that wrote it, or start a new run from its saved model."
-            )
-        self._buffered_inputs = (
-            None if state is None else [ScoredTrajectory.from_state_dict(s) for s in state]
-        )
-
-    def load_process_state(self, state: dict[str, Any]) -> None:
-        """Restore `process_state`."""
-        self._load_buffered_state(state["buffered_inputs"])
-        self._kl_values = state["kl_values"]
-        self.algorithm.generator.set_state(state["generator"])
-
-    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        """Restore `checkpoint_state`."""
-        self.algorithm.load_state_dict(state["algorithm"])
-        if self.references.anchor is not None:
-            self.references.anchor.load_state_dict(state["anchor"])
-        self._step, self._generation_round = state["step"], state["generation_round"]
-        self._load_buffered_state(state["buffered_inputs"])
-        self._kl_values = state["kl_values"]
-        self.reward_failures.load_state_dict(state["reward_failures"])
-        self.resolved_reward_weights = dict(state["resolved_reward_weights"])
 
 
 class _WrappedPolicy:

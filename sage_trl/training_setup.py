@@ -7,6 +7,7 @@ run will do.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,8 +15,9 @@ from typing import Any
 import torch
 from datasets import Dataset
 
-from sage_env.backbones import VideoBackbone, load_backbone
+from sage_env.backbones import VideoBackbone, backbone_class, load_backbone
 from sage_env.env import DenoisingVectorEnv
+from sage_env.models import pipeline_class_of
 from sage_env.rewards import CompositeReward
 from sage_trl import activation_offload
 
@@ -25,6 +27,7 @@ __all__ = [
     "check_video_size",
     "composite_reward",
     "enable_memory_savers",
+    "expert_options",
     "load_training_backbone",
     "parked_while_encoding",
     "pipeline_class_name",
@@ -63,12 +66,46 @@ def load_training_backbone(model: VideoBackbone | str | None, config: Any, lora:
     """``model`` (a backbone, a folder or Hub id; None: ``config.model_name_or_path``) loaded in the run's
     parameter dtype (`SageGRPOConfig.parameter_dtype`) on the run's device; on the host when prompts are
     precomputed, which moves it to the device afterwards (`precompute_prompt_embeddings`)."""
-    return load_backbone(
+    if config.offload_idle_expert and not lora:
+        raise ValueError(
+            "offload_idle_expert swaps the idle expert's frozen weights, and full fine-tuning freezes none: train "
+            "LoRA adapters (use_peft: true), or drop offload_idle_expert."
+        )
+    loaded = load_backbone(
         model if model is not None else config.model_name_or_path,
         backbone=config.backbone,
         torch_dtype=config.parameter_dtype(lora),
         device="cpu" if config.precompute_prompt_embeddings else config.device,
+        **_expert_options(model, config),
     )
+    if config.expert is not None and getattr(loaded, "expert", None) != config.expert:
+        raise ValueError(
+            f"expert is {config.expert!r} but the {type(loaded).__name__} passed trains "
+            f"{getattr(loaded, 'expert', 'no chosen expert')!r}: build it with expert={config.expert!r}, or leave "
+            "expert unset."
+        )
+    return loaded
+
+
+def _expert_options(model: VideoBackbone | str | None, config: Any) -> dict[str, Any]:
+    """The backbone's expert options (``expert``, ``offload_idle_expert``) when set; refused for a backbone whose
+    ``from_pretrained`` takes none (only Wan 2.2 A14B has experts)."""
+    if config.expert is None or isinstance(model, VideoBackbone):
+        return {}
+    name = config.backbone or pipeline_class_of(model if model is not None else config.model_name_or_path, download=True)
+    if "expert" not in inspect.signature(backbone_class(name).from_pretrained).parameters:
+        raise ValueError(
+            f"expert is set but {name} has no experts to choose from (Wan 2.2 A14B's WanPipeline has two): leave "
+            "expert unset."
+        )
+    return expert_options(config)
+
+
+def expert_options(config: Any) -> dict[str, Any]:
+    """The config's expert options as backbone arguments (``expert``, ``offload_idle_expert``), {} when unset."""
+    if config.expert is None:
+        return {}
+    return {"expert": config.expert, "offload_idle_expert": config.offload_idle_expert}
 
 
 def pipeline_class_name(backbone: VideoBackbone) -> str | None:
@@ -139,14 +176,15 @@ def training_env(
 
 
 def enable_memory_savers(backbone: VideoBackbone, config: Any) -> None:
-    """Gradient checkpointing (its block inputs on the host with ``activation_offload``) and the VAE's tiling and
-    slicing, as configured (docs/training_on_gpus.md); each leaves the training result unchanged."""
+    """Gradient checkpointing (its block inputs on the host with ``activation_offload``), the VAE's tiling and
+    slicing, and the idle expert on the host (``offload_idle_expert``), as configured (docs/training_on_gpus.md); each leaves the training result unchanged."""
     if config.activation_offload:  # diffusers' hook for the checkpointing function
         function = activation_offload.offloaded_checkpoint
         backbone.transformer.enable_gradient_checkpointing(gradient_checkpointing_func=function)
     elif config.diffusers_gradient_checkpointing:
         backbone.transformer.enable_gradient_checkpointing()
     backbone.enable_vae_memory_savers(tiling=config.vae_tiling, slicing=config.vae_slicing)
+    backbone.park_idle_experts()  # offload_idle_expert
 
 
 TEXT_ENCODER_NAMES = ("text_encoder", "text_encoder_2")

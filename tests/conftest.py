@@ -32,6 +32,13 @@ def tiny_wan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_wan22_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Folder of a tiny random two-expert (Wan 2.2 A14B layout) ``WanPipeline``, boundary 0.5, saved."""
+    pipeline = build_tiny_wan_pipeline(two_experts=True, boundary_ratio=0.5)
+    return save_tiny_pipeline(pipeline, tmp_path_factory.mktemp("tiny_wan22"))
+
+
+@pytest.fixture(scope="session")
 def tiny_hunyuan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder of a tiny random ``HunyuanVideo15Pipeline`` (``build_tiny_hunyuan_pipeline()``), saved."""
     return save_tiny_pipeline(build_tiny_hunyuan_pipeline(), tmp_path_factory.mktemp("tiny_hunyuan"))

@@ -208,16 +208,30 @@ class VideoBackbone(ABC):
 
     # -- LoRA adapters in the diffusers format -----------------------------------------------------
 
+    def trained_parts(self) -> dict[str, torch.nn.Module]:
+        """``{prefix of trainable parameter names: module}``: the parts of `transformer` saved apart, each as a
+        diffusers model folder after full fine-tuning (`transformer` itself, under ``""``, by default)."""
+        return {"": self.transformer}
+
+    def lora_files(self) -> dict[str, str]:
+        """``{prefix of trainable parameter names: adapter file}``: where `save_lora_weights` writes the adapter of
+        each part of `transformer` (one file, ``pytorch_lora_weights.safetensors``, for every part by default; Wan
+        2.2 A14B with both experts trained has one per expert)."""
+        from diffusers.loaders.lora_base import LORA_WEIGHT_NAME_SAFE
+
+        return {"": LORA_WEIGHT_NAME_SAFE}
+
     def save_lora_weights(
         self,
         save_directory: str | os.PathLike,
         transformer_lora_layers: dict[str, torch.Tensor],
         adapter_metadata: dict[str, Any] | None = None,
+        weight_name: str | None = None,
     ) -> None:
-        """Write ``pytorch_lora_weights.safetensors`` with ``transformer.``-prefixed keys, loadable with
-        ``pipe.load_lora_weights(path)`` (pipelines with LoRA loaders) or ``transformer.load_lora_adapter(path,
-        prefix="transformer")``. ``adapter_metadata`` (the ``LoraConfig`` as a dict) is stored in the file so a
-        non-default alpha reloads exactly.
+        """Write ``weight_name`` (``pytorch_lora_weights.safetensors`` when None) with ``transformer.``-prefixed
+        keys, loadable with ``pipe.load_lora_weights(path)`` (pipelines with LoRA loaders) or
+        ``transformer.load_lora_adapter(path, prefix="transformer")``. ``adapter_metadata`` (the ``LoraConfig`` as a
+        dict) is stored in the file so a non-default alpha reloads exactly.
         """
         from diffusers.loaders import WanLoraLoaderMixin
 
@@ -227,6 +241,7 @@ class VideoBackbone(ABC):
             transformer_lora_layers=transformer_lora_layers,
             transformer_lora_adapter_metadata=adapter_metadata,
             safe_serialization=True,
+            weight_name=weight_name,
         )
 
     def load_lora_weights(self, path: str | os.PathLike, adapter_name: str = "default") -> None:
@@ -244,12 +259,18 @@ class VideoBackbone(ABC):
             ),
         )
 
-    def _load_adapter(self, path: str | os.PathLike, adapter_name: str, load: Callable[[], None]) -> None:
+    def _load_adapter(
+        self,
+        path: str | os.PathLike,
+        adapter_name: str,
+        load: Callable[[], None],
+        module: torch.nn.Module | None = None,
+    ) -> None:
         """Run ``load`` (the diffusers loader call) with the checks diffusers does not make.
 
         Raises ``ValueError`` naming the adapter when ``path`` is a local path that does not exist, when loading
-        fails, or when the adapter matches no module of `transformer` (e.g. keys without the ``transformer.``
-        prefix: diffusers only warns and loads nothing).
+        fails, or when the adapter matches no module of ``module`` (`transformer` when None; e.g. keys without the
+        ``transformer.`` prefix: diffusers only warns and loads nothing).
         """
         check_local_reference(path, "adapter")
         try:
@@ -260,26 +281,28 @@ class VideoBackbone(ABC):
                 f"adapter: {path} does not load into this model ({type(error).__name__}: {first_line}). Adapters are "
                 "read as safetensors (or tensors-only .bin files, never unpickled): pass the folder sage-train saved."
             ) from error
-        self._check_adapter_matches(path, adapter_name)
+        self._check_adapter_matches(path, adapter_name, module if module is not None else self.transformer)
 
-    def _check_adapter_matches(self, path: str | os.PathLike, adapter_name: str) -> None:
-        """Raise (and remove an empty adapter) unless some module named in the file now carries the adapter."""
+    @staticmethod
+    def _check_adapter_matches(path: str | os.PathLike, adapter_name: str, transformer: torch.nn.Module) -> None:
+        """Raise (and remove an empty adapter) unless some module of ``transformer`` named in the file now carries
+        the adapter."""
         from diffusers.loaders import WanLoraLoaderMixin
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         # The Wan mixin's reader is generic (and converts community Wan formats to the diffusers keys).
         keys = list(WanLoraLoaderMixin.lora_state_dict(str(path)))
         targets = sorted({key.removeprefix("transformer.").split(".lora_")[0] for key in keys})
-        modules = dict(self.transformer.named_modules())
+        modules = dict(transformer.named_modules())
         if any(
             isinstance(modules.get(name), BaseTunerLayer) and adapter_name in modules[name].lora_A
             for name in targets
         ):
             return
-        if adapter_name in (getattr(self.transformer, "peft_config", None) or {}):
-            self.transformer.delete_adapters(adapter_name)
+        if adapter_name in (getattr(transformer, "peft_config", None) or {}):
+            transformer.delete_adapters(adapter_name)
         reason = (
-            f"it names modules such as {targets[:2]} that this {type(self.transformer).__name__} does not have"
+            f"it names modules such as {targets[:2]} that this {type(transformer).__name__} does not have"
             if any(key.startswith("transformer.") for key in keys)
             else "none of its keys starts with 'transformer.' (the diffusers LoRA format sage-train writes)"
         )
@@ -309,6 +332,26 @@ class VideoBackbone(ABC):
             if wanted:
                 getattr(self.vae, method)()
 
+    # -- experts -----------------------------------------------------------------------------------
+
+    @property
+    def expert_names(self) -> tuple[str, ...]:
+        """The model's experts (transformers that denoise different noise ranges); one for most models."""
+        return ("transformer",)
+
+    @property
+    def trained_experts(self) -> tuple[int, ...]:
+        """Indices into `expert_names` of the experts `transformer` holds (the ones that train)."""
+        return (0,)
+
+    def park_idle_experts(self) -> None:  # noqa: B027 (an optional hook: most models have nothing to park)
+        """Move what waits for its turn off the device before training starts (Wan 2.2 A14B with
+        ``offload_idle_expert``: the low-noise expert); nothing for single-expert models."""
+
+    def expert_of(self, sigma: torch.Tensor) -> torch.Tensor:
+        """Index into `expert_names` of the expert computing at each ``sigma`` (same shape, long): all 0 here."""
+        return torch.zeros(sigma.shape, dtype=torch.long, device=sigma.device)
+
     # -- placement -------------------------------------------------------------------------------
 
     _compute_device: torch.device | None = None
@@ -318,7 +361,10 @@ class VideoBackbone(ABC):
         """Where the backbone computes: the trainable module's device, or the device `computing_on` names."""
         if self._compute_device is not None:
             return self._compute_device
-        return next(self.transformer.parameters()).device
+        # The module's own answer first: both Wan 2.2 experts (`WanExperts`) compute where their adapters are,
+        # whichever expert waits on the host.
+        device = getattr(self.transformer, "device", None)
+        return device if isinstance(device, torch.device) else next(self.transformer.parameters()).device
 
     @contextmanager
     def computing_on(self, device: torch.device | str) -> Iterator[None]:

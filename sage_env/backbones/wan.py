@@ -17,9 +17,11 @@ Model variants:
 * Wan 2.2 A14B: two experts. ``pipe.transformer`` denoises high noise (``timestep >= boundary_ratio * 1000``)
   with ``guidance_scale``, ``pipe.transformer_2`` low noise with ``guidance_scale_2`` (defaults to
   ``guidance_scale``; CFG is on for both iff ``guidance_scale > 1``, as in the pipeline). The expert is
-  chosen per sample from its sigma. Only one expert is trainable: `WanBackbone.transformer` is
-  ``pipe.transformer`` (``expert="transformer"``, the default: RL explores at high noise) or
-  ``pipe.transformer_2`` (``expert="transformer_2"``); the other one runs frozen.
+  chosen per sample from its sigma (`WanBackbone.expert_of`). `WanBackbone.transformer` is ``pipe.transformer``
+  (``expert="transformer"``, the default: RL explores at high noise) or ``pipe.transformer_2``
+  (``expert="transformer_2"``), the other one running frozen; or, with ``expert="both"``, both experts as one
+  trainable `sage_env.backbones.wan_experts.WanExperts` (each sample computed by its own expert, gradients reaching
+  only that expert), optionally with the idle expert's frozen weights on the host (``offload_idle_expert``).
 
 Schedule: `WanBackbone.sigmas` is what ``WanPipeline.__call__`` sets with ``scheduler.set_timesteps(N)``.
 With ``FlowMatchEulerDiscreteScheduler`` that is ``sigma_i = shift(u_i)``, ``u = linspace(1, shift(1/1000), N)``
@@ -34,26 +36,39 @@ so bf16 rollouts agree with ``pipe(...)`` only to bf16 accuracy (float32 models 
 LoRA: `WanBackbone.save_lora_weights` writes ``pytorch_lora_weights.safetensors`` through
 ``WanPipeline.save_lora_weights`` (keys ``transformer.<module>.lora_A.weight``, the ``LoraConfig`` as
 metadata); `WanBackbone.load_lora_weights` loads it (or a community Wan LoRA) with
-``pipe.load_lora_weights``, into ``transformer_2`` when that is the trainable expert.
+``pipe.load_lora_weights``, into ``transformer_2`` when that is the trainable expert. With ``expert="both"`` each
+expert has its own adapter file: `LORA_WEIGHT_NAMES` (the high-noise one under diffusers' default name, so
+``pipe.load_lora_weights(folder)`` loads it, the low-noise one loaded with ``weight_name=...,
+load_into_transformer_2=True``, diffusers' convention for Wan 2.2 LoRAs).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from diffusers import WanPipeline
+from diffusers.loaders.lora_base import LORA_WEIGHT_NAME_SAFE
 
 from sage_env.backbones import _diffusers
 from sage_env.backbones.base import PromptConditioning
 from sage_env.backbones.pipeline import PipelineBackbone
+from sage_env.backbones.wan_experts import EXPERT_NAMES, WanExperts
 from sage_env.models import SamplingDefaults
 
-__all__ = ["WanBackbone"]
+__all__ = ["LORA_WEIGHT_NAMES", "WanBackbone"]
 
-_EXPERTS = ("transformer", "transformer_2")
+_EXPERT_CHOICES = (*EXPERT_NAMES, "both")
+
+LORA_WEIGHT_NAMES = {
+    "transformer": LORA_WEIGHT_NAME_SAFE,
+    "transformer_2": LORA_WEIGHT_NAME_SAFE.replace(".safetensors", "_transformer_2.safetensors"),
+}
+"""With ``expert="both"``: each expert's adapter file (``pytorch_lora_weights.safetensors`` and
+``pytorch_lora_weights_transformer_2.safetensors``)."""
 
 
 class WanBackbone(PipelineBackbone):
@@ -62,9 +77,12 @@ class WanBackbone(PipelineBackbone):
     Args:
         pipeline: a loaded ``WanPipeline`` (any device and dtype).
         max_sequence_length: text tokens per prompt (``WanPipeline.__call__`` uses 512).
-        expert: for Wan 2.2 A14B, which expert is `transformer` (trainable): ``"transformer"`` (high noise) or
-            ``"transformer_2"`` (low noise). Single-expert models need the default.
+        expert: for Wan 2.2 A14B, which expert is `transformer` (trainable): ``"transformer"`` (high noise),
+            ``"transformer_2"`` (low noise) or ``"both"`` (a `WanExperts` of the two). Single-expert models need the
+            default.
         guidance_scale_2: CFG scale of the low-noise expert (Wan 2.2 A14B); ``None`` uses ``guidance_scale``.
+        offload_idle_expert: with ``expert="both"``, keep the frozen weights of the expert not computing on the
+            host (`WanExperts.activate`); the adapters stay on the device.
 
     Example:
         ```python
@@ -88,8 +106,9 @@ class WanBackbone(PipelineBackbone):
         pipeline: WanPipeline,
         *,
         max_sequence_length: int = 512,
-        expert: Literal["transformer", "transformer_2"] = "transformer",
+        expert: Literal["transformer", "transformer_2", "both"] = "transformer",
         guidance_scale_2: float | None = None,
+        offload_idle_expert: bool = False,
     ) -> None:
         super().__init__()
         _diffusers.check_pipeline(pipeline, WanPipeline, type(self).__name__)
@@ -109,14 +128,24 @@ class WanBackbone(PipelineBackbone):
             raise ValueError(
                 "guidance_scale_2 is only used by two-expert Wan 2.2 pipelines (boundary_ratio set)."
             )
-        self.transformer = getattr(pipeline, self.expert)
-        frozen_expert = pipeline.transformer_2 if self.expert == "transformer" else pipeline.transformer
-        _diffusers.freeze([pipeline.text_encoder, pipeline.vae, frozen_expert])
+        if offload_idle_expert and self.expert != "both":
+            raise ValueError(
+                "offload_idle_expert swaps the idle one of two trained experts: it needs expert='both'."
+            )
+        self.transformer = (
+            WanExperts(pipeline.transformer, pipeline.transformer_2)
+            if self.expert == "both"
+            else getattr(pipeline, self.expert)
+        )
+        if self.expert == "both":
+            self.transformer.offload_idle = offload_idle_expert
+        frozen_expert = {"transformer": pipeline.transformer_2, "transformer_2": pipeline.transformer}
+        _diffusers.freeze([pipeline.text_encoder, pipeline.vae, frozen_expert.get(self.expert)])
 
     @staticmethod
     def _check_expert(pipeline: WanPipeline, expert: str) -> str:
-        if expert not in _EXPERTS:
-            raise ValueError(f"expert must be one of {_EXPERTS}, got {expert!r}.")
+        if expert not in _EXPERT_CHOICES:
+            raise ValueError(f"expert must be one of {_EXPERT_CHOICES}, got {expert!r}.")
         if pipeline.transformer is None:
             raise ValueError(
                 "WanBackbone needs pipe.transformer (the only expert, or Wan 2.2's high-noise one)."
@@ -126,9 +155,9 @@ class WanBackbone(PipelineBackbone):
             raise ValueError(
                 "A WanPipeline with transformer and transformer_2 needs boundary_ratio in its config."
             )
-        if expert == "transformer_2" and not two_experts:
+        if expert in ("transformer_2", "both") and not two_experts:
             raise ValueError(
-                "expert='transformer_2' needs a two-expert Wan 2.2 pipeline (with transformer_2)."
+                f"expert={expert!r} needs a two-expert Wan 2.2 pipeline (with transformer_2)."
             )
         return expert
 
@@ -145,8 +174,9 @@ class WanBackbone(PipelineBackbone):
         torch_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         max_sequence_length: int = 512,
-        expert: Literal["transformer", "transformer_2"] = "transformer",
+        expert: Literal["transformer", "transformer_2", "both"] = "transformer",
         guidance_scale_2: float | None = None,
+        offload_idle_expert: bool = False,
         **kwargs: Any,
     ) -> WanBackbone:
         """Load ``WanPipeline.from_pretrained(model, torch_dtype=..., **kwargs)`` from a folder or Hub id, on ``device``.
@@ -159,7 +189,37 @@ class WanBackbone(PipelineBackbone):
             max_sequence_length=max_sequence_length,
             expert=expert,
             guidance_scale_2=guidance_scale_2,
+            offload_idle_expert=offload_idle_expert,
         )
+
+    # -- experts ---------------------------------------------------------------------------------
+
+    @property
+    def expert_names(self) -> tuple[str, ...]:
+        """The pipeline's experts, high noise first (one name for single-expert models)."""
+        return EXPERT_NAMES if self.pipeline.transformer_2 is not None else EXPERT_NAMES[:1]
+
+    @property
+    def trained_experts(self) -> tuple[int, ...]:
+        """The experts `transformer` holds: both with ``expert="both"``, else the chosen one."""
+        if self.expert == "both":
+            return (0, 1)
+        return (EXPERT_NAMES.index(self.expert),)
+
+    def park_idle_experts(self) -> None:
+        """With ``offload_idle_expert``: the high-noise expert computes first (rollouts start at high noise), so the
+        low-noise one goes to the host now."""
+        if self.expert == "both":
+            self.transformer.activate(EXPERT_NAMES[0])
+
+    def expert_of(self, sigma: torch.Tensor) -> torch.Tensor:
+        """Index into `expert_names` of the expert that computes at each ``sigma`` (any shape): 1 (low noise) where
+        ``sigma * 1000 < boundary_ratio * 1000``, the pipeline's rule, else 0."""
+        boundary_ratio = self.pipeline.config.boundary_ratio
+        if boundary_ratio is None:
+            return torch.zeros(sigma.shape, dtype=torch.long, device=sigma.device)
+        num_train_timesteps = self.pipeline.scheduler.config.num_train_timesteps
+        return (sigma * num_train_timesteps < boundary_ratio * num_train_timesteps).long()
 
     # -- sizes -----------------------------------------------------------------------------------
 
@@ -251,8 +311,7 @@ class WanBackbone(PipelineBackbone):
         )
         # The pipeline feeds the scheduler's timesteps, which are sigma * num_train_timesteps in float32.
         timestep = sigma * self.pipeline.scheduler.config.num_train_timesteps
-        models = {"transformer": self.pipeline.transformer, "transformer_2": self.pipeline.transformer_2}
-        models[self.expert] = transformer if transformer is not None else self.transformer
+        models = self._expert_models(transformer)
         boundary_ratio = self.pipeline.config.boundary_ratio
         if boundary_ratio is None:
             return self._guided_velocity(
@@ -263,6 +322,16 @@ class WanBackbone(PipelineBackbone):
         return self._two_expert_velocity(
             models, latents, timestep, conditioning, boundary, (scale, low_noise_scale)
         )
+
+    def _expert_models(self, transformer: torch.nn.Module | None) -> dict[str, Any]:
+        """What computes for each expert: the pipeline's, with the trainable one replaced by ``transformer`` (for
+        ``expert="both"``: the possibly DDP-wrapped `WanExperts`, called with the expert's name)."""
+        models: dict[str, Any] = {"transformer": self.pipeline.transformer, "transformer_2": self.pipeline.transformer_2}
+        trainable = transformer if transformer is not None else self.transformer
+        if self.expert != "both":
+            models[self.expert] = trainable
+            return models
+        return {name: functools.partial(trainable, name) for name in EXPERT_NAMES}
 
     def _two_expert_velocity(
         self,
@@ -276,10 +345,12 @@ class WanBackbone(PipelineBackbone):
         """Wan 2.2 A14B: each sample goes to the high-noise expert iff ``timestep >= boundary`` (the pipeline's rule)."""
         high_noise = timestep >= boundary
         parts, order = [], []
-        for name, mask, scale in zip(_EXPERTS, (high_noise, ~high_noise), scales):
+        for name, mask, scale in zip(EXPERT_NAMES, (high_noise, ~high_noise), scales):
             index = mask.nonzero().squeeze(1)
             if index.numel() == 0:
                 continue
+            if self.expert == "both":
+                self.transformer.activate(name)
             part = conditioning.select(index)
             # CFG is on for both experts iff the first scale asks for it (WanPipeline.do_classifier_free_guidance).
             parts.append(
@@ -340,28 +411,64 @@ class WanBackbone(PipelineBackbone):
         save_directory: str | os.PathLike,
         transformer_lora_layers: dict[str, torch.Tensor],
         adapter_metadata: dict[str, Any] | None = None,
+        weight_name: str | None = None,
     ) -> None:
-        """Write ``pytorch_lora_weights.safetensors`` with ``WanPipeline.save_lora_weights``.
+        """Write ``weight_name`` (``pytorch_lora_weights.safetensors`` when None) with
+        ``WanPipeline.save_lora_weights``.
 
-        ``transformer_lora_layers`` is ``peft.get_peft_model_state_dict(backbone.transformer)``; keys are stored
-        with the ``transformer.`` prefix and ``adapter_metadata`` (``LoraConfig.to_dict()``) so a non-default
-        alpha reloads exactly. Load with ``pipe.load_lora_weights(path)`` (add
-        ``load_into_transformer_2=True`` for an adapter of the low-noise expert) or `load_lora_weights`.
+        ``transformer_lora_layers`` is ``peft.get_peft_model_state_dict`` of one expert; keys are stored with the
+        ``transformer.`` prefix and ``adapter_metadata`` (``LoraConfig.to_dict()``) so a non-default alpha reloads
+        exactly. Load with ``pipe.load_lora_weights(path)`` (add ``load_into_transformer_2=True`` for an adapter of
+        the low-noise expert) or `load_lora_weights`.
         """
         type(self.pipeline).save_lora_weights(
             save_directory,
             transformer_lora_layers=transformer_lora_layers,
             transformer_lora_adapter_metadata=adapter_metadata,
             safe_serialization=True,
+            weight_name=weight_name,
         )
+
+    def trained_parts(self) -> dict[str, torch.nn.Module]:
+        """With ``expert="both"``, each expert (saved in its pipeline folder, ``transformer/`` and ``transformer_2/``)."""
+        if self.expert != "both":
+            return super().trained_parts()
+        return {f"{name}.": module for name, module in self.transformer.experts().items()}
+
+    def lora_files(self) -> dict[str, str]:
+        """With ``expert="both"``, one adapter file per expert (`LORA_WEIGHT_NAMES`, keyed by parameter prefix)."""
+        if self.expert != "both":
+            return super().lora_files()
+        return {f"{name}.": LORA_WEIGHT_NAMES[name] for name in EXPERT_NAMES}
 
     def load_lora_weights(self, path: str | os.PathLike, adapter_name: str = "default") -> None:
         """Load a Wan LoRA (diffusers or community format) into `transformer` as adapter ``adapter_name``, with
-        ``pipe.load_lora_weights``; raises ``ValueError`` as `VideoBackbone.load_lora_weights` does."""
-        self._load_adapter(
-            path,
-            adapter_name,
-            lambda: self.pipeline.load_lora_weights(
-                str(path), adapter_name=adapter_name, load_into_transformer_2=self.expert == "transformer_2"
-            ),
-        )
+        ``pipe.load_lora_weights``; raises ``ValueError`` as `VideoBackbone.load_lora_weights` does.
+
+        With ``expert="both"``, ``path`` is a folder with `LORA_WEIGHT_NAMES` (what sage-train saves): each file goes
+        into its expert (``load_into_transformer_2=True`` for the low-noise one, as diffusers loads Wan 2.2 LoRAs).
+        """
+        if self.expert != "both":
+            self._load_adapter(
+                path,
+                adapter_name,
+                lambda: self.pipeline.load_lora_weights(
+                    str(path), adapter_name=adapter_name, load_into_transformer_2=self.expert == "transformer_2"
+                ),
+            )
+            return
+        for name in EXPERT_NAMES:
+            file = os.path.join(str(path), LORA_WEIGHT_NAMES[name])
+            if not os.path.isfile(file):
+                raise ValueError(
+                    f"adapter: {path} has no {LORA_WEIGHT_NAMES[name]}: an adapter of both Wan 2.2 experts is a "
+                    f"folder with {sorted(LORA_WEIGHT_NAMES.values())} (what sage-train writes with expert both)."
+                )
+            self._load_adapter(
+                file,
+                adapter_name,
+                lambda file=file, name=name: self.pipeline.load_lora_weights(
+                    file, adapter_name=adapter_name, load_into_transformer_2=name == "transformer_2"
+                ),
+                self.transformer.expert(name),
+            )

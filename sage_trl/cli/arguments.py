@@ -87,6 +87,18 @@ class TrainScriptArguments:
         "Preflight: the memory budget per GPU in GiB; savers that would make it fit are listed.",
         Real(0.0, 10_000.0, low_open=True, optional=True),
     )
+    preflight_world_size: int | None = hyperparameter(
+        None,
+        "Preflight: plan per GPU for this many processes (DDP, or FSDP2 with preflight_fsdp); None: $WORLD_SIZE "
+        "as accelerate launch sets it, else 1. Lets one CPU process plan a multi-GPU config.",
+        Integer(1, 1_000_000, optional=True),
+    )
+    preflight_fsdp: bool | None = hyperparameter(
+        None,
+        "Preflight: plan FSDP2 sharding over preflight_world_size processes (False: DDP); None: "
+        "$ACCELERATE_USE_FSDP as accelerate launch sets it.",
+        Flag(optional=True),
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

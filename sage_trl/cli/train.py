@@ -285,4 +285,11 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 def _preflight(script_args: TrainScriptArguments, config: Any) -> int:
     from sage_trl.preflight import preflight_main
 
-    return preflight_main(script_args, config, gpu=script_args.gpu, gpu_memory_gib=script_args.gpu_memory_gib)
+    return preflight_main(
+        script_args,
+        config,
+        gpu=script_args.gpu,
+        gpu_memory_gib=script_args.gpu_memory_gib,
+        world_size=script_args.preflight_world_size,
+        fsdp=script_args.preflight_fsdp,
+    )

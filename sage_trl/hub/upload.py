@@ -86,6 +86,7 @@ def _adapter_info(run: RunRecord, base_model: str | None) -> dict[str, Any]:
     return {
         "format": "diffusers-lora",
         "weight_name": layout.LORA_WEIGHT_NAME,
+        "expert_2_weight_name": layout.EXPERT_2_LORA_WEIGHT_NAME if run.second_expert else None,
         "prefix": LORA_PREFIX,
         "r": lora.get("r"),
         "lora_alpha": lora.get("lora_alpha"),
@@ -140,13 +141,15 @@ def build_upload_folder(
     run = read_run(output_dir)
     staging = _empty_folder(staging_dir)
     if run.is_lora:
-        _place(run.directory / layout.LORA_WEIGHT_NAME, staging / layout.LORA_WEIGHT_NAME, link)
+        for name in (layout.LORA_WEIGHT_NAME, *([layout.EXPERT_2_LORA_WEIGHT_NAME] if run.second_expert else [])):
+            _place(check_inside(run.directory, run.directory / name), staging / name, link)
         info = _adapter_info(run, resolve_base_model(run, base_model))
         (staging / ADAPTER_INFO_FILE).write_text(
             json.dumps(info, indent=2, sort_keys=True, default=str) + "\n"
         )
     else:
-        for source in sorted((run.directory / layout.TRANSFORMER_FOLDER).rglob("*")):
+        folders = [layout.TRANSFORMER_FOLDER, *([layout.EXPERT_2_FOLDER] if run.second_expert else [])]
+        for source in sorted(p for folder in folders for p in (run.directory / folder).rglob("*")):
             if check_inside(run.directory, source).is_file():
                 _place(source, staging / source.relative_to(run.directory), link)
     (staging / layout.CONFIG_FILE).write_bytes(_redacted_config(run.directory / layout.CONFIG_FILE))

@@ -105,6 +105,10 @@ class PreflightPlan:
     saver_peak_bytes: int | None = None
     trace_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    expert_swaps: int = 0
+    """Swaps of the idle Wan 2.2 expert per optimizer step (``offload_idle_expert``), 0 without."""
+    expert_swap_bytes: int = 0
+    """Bytes one swap moves each way (one expert's frozen weights out, the other's in)."""
 
     # -- numbers -------------------------------------------------------------------------------------
 
@@ -226,11 +230,19 @@ class PreflightPlan:
         line = f"Compute per optimizer step and process: {total / 1e15:,.2f} PFLOPs"
         seconds = self.seconds(total)
         if seconds is None:
-            return line + " (pass --gpu for a time)."
-        return (
-            f"{line}: {seconds / 60:,.1f} min on one {self.gpu.name} ({self.gpu.bf16_tflops:g} TFLOP/s dense bf16) at "
-            f"{self.utilisation:.0%} utilisation (an assumption, not a measurement)."
-        )
+            line += " (pass --gpu for a time)."
+        else:
+            line = (
+                f"{line}: {seconds / 60:,.1f} min on one {self.gpu.name} ({self.gpu.bf16_tflops:g} TFLOP/s dense bf16) "
+                f"at {self.utilisation:.0%} utilisation (an assumption, not a measurement)."
+            )
+        if self.expert_swaps:
+            line += (
+                f"\n\nExpert swaps per optimizer step (offload_idle_expert): {self.expert_swaps}, each moving "
+                f"{gib(self.expert_swap_bytes)} to the host and as much back: "
+                f"{gib(2 * self.expert_swaps * self.expert_swap_bytes)} over PCIe per step (not in the time above)."
+            )
+        return line
 
     def _verdict(self) -> str:
         peak = self.peak_phase

@@ -31,7 +31,7 @@ from sage_trl.preflight.models import (
 from sage_trl.preflight.plan import MemoryKind, PhasePlan, PreflightPlan
 from sage_trl.preflight.replay import replay_calls
 from sage_trl.preflight.tracing import MemoryMeter, trace_session
-from sage_trl.training_setup import videos_per_round
+from sage_trl.training_setup import expert_options, videos_per_round
 
 __all__ = ["VIDEOALIGN_BASE_MODEL", "backbone_for", "build_reward_models", "trace_plan"]
 
@@ -76,9 +76,11 @@ class _TraceRecorder:
         return replay_calls(self.meter, owner, name)
 
 
-def backbone_for(configs: ModelConfigs, pipeline: Any) -> VideoBackbone:
-    """The library's backbone for the pipeline class of ``configs`` (`sage_env.backbones.backbone_class`)."""
-    return backbone_class(configs.pipeline_class)(pipeline)
+def backbone_for(configs: ModelConfigs, pipeline: Any, config: Any = None) -> VideoBackbone:
+    """The library's backbone for the pipeline class of ``configs`` (`sage_env.backbones.backbone_class`), with the
+    training ``config``'s expert options (`training_setup.expert_options`)."""
+    options = expert_options(config) if config is not None else {}
+    return backbone_class(configs.pipeline_class)(pipeline, **options)
 
 
 def _videoalign_base(folder: str) -> str:
@@ -129,8 +131,10 @@ def _resident(
     optimizer_state = [
         v for s in run.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
     ]
+    frozen = [t for t in _tensors([transformer]) if not t.requires_grad]
     groups: list[tuple[str, list[torch.Tensor]]] = [
-        ("transformer weights", [t for t in _tensors([transformer]) if not t.requires_grad]),
+        ("transformer weights", [t for t in frozen if not meter.on_host([t])]),
+        ("idle expert (swapped to the host)", [t for t in frozen if meter.on_host([t])]),
         ("trainable parameters", run.trainable),
         ("optimizer state", optimizer_state),
         ("moving anchor", list(anchor.values.values()) if anchor is not None else []),
@@ -155,9 +159,10 @@ def _setting(config: Any, lora_config: Any) -> str:
     checkpointing = (
         "gradient checkpointing" if config.diffusers_gradient_checkpointing else "no checkpointing"
     )
+    guidance = "the model's CFG" if config.guidance_scale is None else f"CFG {config.guidance_scale:g}"
     return (
         f"{lora}, {dtype} weights, {checkpointing}, {config.num_frames} x {config.height} x {config.width}, "
-        f"{videos_per_round(config)} videos per round, CFG {config.guidance_scale:g}, micro-batch {config.micro_batch_size}"
+        f"{videos_per_round(config)} videos per round, {guidance}, micro-batch {config.micro_batch_size}"
     )
 
 
@@ -174,7 +179,9 @@ def trace_plan(
     with trace_session() as meter, activation_offload.host_copies_marked(meter.host_allocations):
         recorder = _TraceRecorder(meter)
         pipeline = build_pipeline(configs, config.parameter_dtype(lora_config is not None))
-        backbone = backbone_for(configs, pipeline)
+        backbone = backbone_for(configs, pipeline, config)
+        if backbone.transformer is not getattr(pipeline, "transformer", None):  # both Wan 2.2 experts: follow swaps
+            backbone.transformer.swap_observer = recorder.to_host
         reward_models = build_reward_models(rewards)
         meter.set_host(_tensors(reward_models), config.reward_offload)
         run = sequence.prepare_and_encode(recorder, backbone, config, copy.deepcopy(lora_config))
@@ -182,6 +189,7 @@ def trace_plan(
         kinds = _resident(meter, run, pipeline, reward_models)
         sequence.run_training_step(recorder, run)
         block = _largest_block(backbone.transformer)
+    swaps, swap_bytes = sequence.expert_swaps(run)
     plan = PreflightPlan(
         model=configs.name,
         config_source=configs.source,
@@ -190,6 +198,8 @@ def trace_plan(
         phases=recorder.phases,
         largest_block_bytes=block,
         lora=lora_config is not None,
+        expert_swaps=swaps,
+        expert_swap_bytes=swap_bytes,
     )
     plan.trace_seconds = time.perf_counter() - start
     plan.phase_seconds = recorder.seconds

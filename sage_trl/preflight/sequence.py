@@ -8,6 +8,7 @@ measuring recorder (`sage_trl.preflight.measure`) has nothing to do, the moves b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any, Protocol
@@ -137,6 +138,18 @@ def _vae_replay(recorder: PhaseRecorder, run: TrainingRun) -> Iterator[None]:
             if owner is not None and hasattr(owner, name):
                 stack.enter_context(recorder.replay_calls(owner, name))
         yield
+
+
+def expert_swaps(run: TrainingRun) -> tuple[int, int]:
+    """``(swaps per optimizer step, bytes one swap moves each way)`` of the idle expert (``offload_idle_expert``;
+    ``(0, 0)`` otherwise): each rollout round swaps to the high-noise expert and later to the low-noise one, and so
+    does each accumulation step's training (`sage_trl.experts` groups its micro-batches by expert)."""
+    transformer = run.backbone.transformer
+    if not getattr(transformer, "offload_idle", False):
+        return 0, 0
+    config = run.config
+    swaps = 2 * math.ceil(rollout_rounds_per_optimizer_step(config)) + 2 * config.gradient_accumulation_steps
+    return swaps, max(transformer.frozen_bytes(name) for name in run.backbone.expert_names)
 
 
 def run_training_step(recorder: PhaseRecorder, run: TrainingRun) -> None:

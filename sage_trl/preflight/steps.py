@@ -34,6 +34,7 @@ from sage_env import sde
 from sage_env.backbones import PromptConditioning, VideoBackbone
 from sage_env.env import BackbonePolicy, DenoisingVectorEnv, Trajectory
 from sage_trl import training_setup
+from sage_trl.experts import expert_groups
 
 __all__ = [
     "TrainingRun",
@@ -270,9 +271,11 @@ def training_pairs(run: TrainingRun) -> Any:
 
 
 def training_phase(run: TrainingRun, pairs: Any, micro_batch_size: int) -> int:
-    """One micro-step: the loss of the first ``micro_batch_size`` pairs, then backward with gradients of earlier
-    micro-steps accumulated. Returns the number of pairs in the micro-batch."""
-    chunk = next(pairs.chunks(micro_batch_size))
+    """One micro-step: the loss of the first ``micro_batch_size`` pairs of the first trained expert (the trainer's
+    micro-batches run one expert each: `sage_trl.experts`), then backward with gradients of earlier micro-steps
+    accumulated. Returns the number of pairs in the micro-batch."""
+    own = next(rows for rows in expert_groups(pairs, run.backbone).values() if len(rows))
+    chunk = next(own.chunks(micro_batch_size))
     _allocate_gradients(run)
     loss, _ = run.algorithm.loss(run.backbone, chunk, run.references)
     loss.backward()

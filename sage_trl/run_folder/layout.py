@@ -13,11 +13,16 @@ from diffusers.loaders.lora_base import LORA_WEIGHT_NAME_SAFE
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from sage_env.backbones.wan import LORA_WEIGHT_NAMES
+from sage_env.backbones.wan_experts import EXPERT_NAMES
+
 __all__ = [
     "CHECKPOINT_PATTERN",
     "COMPLETE_FILE",
     "CONFIG_FILE",
     "EVAL_RESULTS_FILE",
+    "EXPERT_2_FOLDER",
+    "EXPERT_2_LORA_WEIGHT_NAME",
     "HUB_DRY_RUN_FOLDER",
     "LOCK_FILE",
     "LORA_WEIGHT_NAME",
@@ -42,7 +47,13 @@ __all__ = [
 LORA_WEIGHT_NAME = LORA_WEIGHT_NAME_SAFE
 """``pytorch_lora_weights.safetensors``: the trained adapter in the diffusers format (``pipe.load_lora_weights``)."""
 TRANSFORMER_FOLDER = "transformer"
-"""After full fine-tuning: the transformer as a diffusers model folder (``save_pretrained``)."""
+"""After full fine-tuning: the transformer as a diffusers model folder (``save_pretrained``); with both Wan 2.2 A14B
+experts trained, the high-noise one."""
+EXPERT_2_LORA_WEIGHT_NAME = LORA_WEIGHT_NAMES["transformer_2"]
+"""With both Wan 2.2 A14B experts trained (``expert: both``): the low-noise expert's adapter, loaded with
+``pipe.load_lora_weights(folder, weight_name=..., load_into_transformer_2=True)``."""
+EXPERT_2_FOLDER = EXPERT_NAMES[1]
+"""With both Wan 2.2 A14B experts fully fine-tuned: the low-noise expert's model folder (the pipeline's own)."""
 CONFIG_FILE = "sage_config.json"
 """The resolved `SageGRPOConfig` and the run's record (base model, rewards and their weights, dataset)."""
 RUN_CONFIG_FILE = "run_config.yaml"
@@ -83,6 +94,8 @@ CHECKPOINT_PATTERN = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 RUN_FILES: tuple[str, ...] = (
     LORA_WEIGHT_NAME,
     TRANSFORMER_FOLDER,
+    EXPERT_2_LORA_WEIGHT_NAME,
+    EXPERT_2_FOLDER,
     CONFIG_FILE,
     RUN_CONFIG_FILE,
     METRICS_FILE,

@@ -45,6 +45,8 @@ class RunRecord:
         global_step: optimizer steps trained, when known.
         max_steps: the planned number of optimizer steps, when known.
         complete: the run finished (``training_complete.json``).
+        second_expert: both Wan 2.2 A14B experts trained (``expert: both``): the low-noise expert's adapter
+            (`layout.EXPERT_2_LORA_WEIGHT_NAME`) or model folder (`layout.EXPERT_2_FOLDER`) is there too.
     """
 
     directory: Path
@@ -60,6 +62,7 @@ class RunRecord:
     global_step: int | None = None
     max_steps: int | None = None
     complete: bool = False
+    second_expert: bool = False
 
     @property
     def is_lora(self) -> bool:
@@ -191,6 +194,8 @@ def read_run(directory: str | os.PathLike) -> RunRecord:
         config=config,
         run=run,
         lora_config=lora_config_from_weights(weights) if weights.is_file() else None,
+        second_expert=(directory / layout.EXPERT_2_LORA_WEIGHT_NAME).is_file()
+        or (directory / layout.EXPERT_2_FOLDER).is_dir(),
         transformer_class=_transformer_class(transformer) if transformer.is_dir() else None,
         eval_results=_read_json(eval_path) if eval_path.is_file() else None,
         metrics=metrics,

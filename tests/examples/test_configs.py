@@ -25,6 +25,7 @@ ACCELERATE_CONFIGS = sorted((CONFIGS / "accelerate").glob("*.yaml"))
 HUB_IDS = {
     "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v": "hunyuan",
     "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "wan",
+    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "wan22",
 }
 # The processes each config is written for (the accelerate config it is launched with).
 WORLD_SIZES = {"_1gpu": 1, "_8gpu": 8, "_multinode": 32}
@@ -72,8 +73,8 @@ def world_size(path: Path) -> int:
 
 
 @pytest.fixture
-def fixtures(tiny_wan_path: Path, tiny_hunyuan_path: Path) -> dict[str, Path]:
-    return {"wan": tiny_wan_path, "hunyuan": tiny_hunyuan_path}
+def fixtures(tiny_wan_path: Path, tiny_hunyuan_path: Path, tiny_wan22_path: Path) -> dict[str, Path]:
+    return {"wan": tiny_wan_path, "hunyuan": tiny_hunyuan_path, "wan22": tiny_wan22_path}
 
 
 def test_the_expected_configs_exist() -> None:
@@ -85,6 +86,8 @@ def test_the_expected_configs_exist() -> None:
         "hunyuanvideo15_480p_lora_multinode_fsdp",
         "wan21_1.3b_lora_1gpu_16gb",
         "wan21_1.3b_lora_1gpu_24gb",
+        "wan22_a14b_lora_1gpu_80gb",
+        "wan22_a14b_lora_8gpu_fsdp",
     }
 
 
@@ -150,6 +153,9 @@ def test_config_builds_a_trainer_on_the_tiny_pipeline(path: Path, tmp_path: Path
     assert trainable and all("lora_" in name for name in trainable)
     assert trainer.peft_config.r == script_args.lora_r
     assert trainer.env.num_envs == config.per_device_train_batch_size * config.steps_per_generation
+    if "wan22" in path.stem:  # both Wan 2.2 experts train, each with its own adapter
+        assert config.expert == "both" and trainer.backbone.trained_experts == (0, 1)
+        assert {name.split(".")[0] for name in trainable} == {"transformer", "transformer_2"}
 
 
 def test_wan_config_trains_one_step_on_the_tiny_pipeline(tmp_path: Path, fixtures) -> None:

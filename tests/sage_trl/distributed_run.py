@@ -3,7 +3,7 @@
     python distributed_run.py ROOT --runs toy-lora,wan-full [--pipelines wan=PATH,hunyuan=PATH]
         [--max-steps N] [--kill-at STEP] [--resume] [--engine-on-cpu fsdp|deepspeed]
 
-Trains each named run (``<toy|wan|hunyuan>-<lora|full>[-flat]``, flat: `flat_for_red` as the reward) in ``ROOT/<name>``, one after the other in the same
+Trains each named run (``<toy|wan|wan22|hunyuan>-<lora|full>[-flat]``; wan22: two experts, both trained, flat: `flat_for_red` as the reward) in ``ROOT/<name>``, one after the other in the same
 processes (a launch costs seconds of imports, a run less), with the same global batch whatever the number of
 processes. ``--kill-at STEP`` stops every run once STEP is logged, after its checkpoint of step 3: the last run by
 SIGKILL of every process (a real kill: nothing of the trainer runs after it), the others by an exception (so that
@@ -68,6 +68,7 @@ SETTINGS = {
 SIZES = {
     "toy": {"num_frames": 2, "height": 8, "width": 8},
     "wan": TINY_VIDEO_SIZE,
+    "wan22": {**TINY_VIDEO_SIZE, "expert": "both"},  # Wan 2.2 A14B's layout, both experts trained
     "hunyuan": TINY_VIDEO_SIZE,
 }
 

@@ -112,11 +112,16 @@ def metrics(run: Path) -> list[dict[str, float]]:
 
 
 def final_weights(run: Path) -> dict[str, torch.Tensor]:
-    """The saved model: the diffusers LoRA file, or the diffusers transformer folder's weights."""
-    lora = run / layout.LORA_WEIGHT_NAME
-    if lora.is_file():
-        return load_file(lora)
-    return load_file(run / layout.TRANSFORMER_FOLDER / "diffusion_pytorch_model.safetensors")
+    """The saved model: the diffusers LoRA file, or the diffusers transformer folder's weights (and the second
+    expert's, prefixed ``2:``, when both Wan 2.2 experts trained)."""
+    files = {"": (layout.LORA_WEIGHT_NAME, f"{layout.TRANSFORMER_FOLDER}/diffusion_pytorch_model.safetensors")}
+    files["2:"] = (layout.EXPERT_2_LORA_WEIGHT_NAME, f"{layout.EXPERT_2_FOLDER}/diffusion_pytorch_model.safetensors")
+    weights = {}
+    for prefix, (lora, full) in files.items():
+        path = run / lora if (run / lora).is_file() else run / full
+        if path.is_file():
+            weights |= {prefix + name: value for name, value in load_file(path).items()}
+    return weights
 
 
 def anchor(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -219,6 +224,29 @@ def test_two_process_fsdp2_saves_what_diffusers_loads(tmp_path: Path, tiny_wan_p
     trained = final_weights(root / "wan-full")
     for name, value in transformer.state_dict().items():
         assert torch.equal(value, trained[name]), name
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "engine", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)]
+)
+def test_two_expert_wan_trains_in_two_processes_what_one_process_trains(
+    engine: str, tmp_path: Path, tiny_wan22_path: Path
+) -> None:
+    # Each process runs every expert's micro-batches in the same order (FSDP gathers per expert); each expert's loss
+    # is the mean over its pairs on all processes.
+    config, engine_on_cpu = ENGINES[engine]
+    runs = "wan22-lora,wan22-full" if engine == "fsdp2" else "wan22-lora"
+    arguments = ["--runs", runs, "--pipelines", f"wan22={tiny_wan22_path}", "--max-steps", "2"]
+    alone = run_command([sys.executable, str(SCRIPT), str(tmp_path / "one"), *arguments], tmp_path)
+    assert alone.returncode == 0, output(alone)
+    two = launch(config, tmp_path / "two", *arguments, *(["--engine-on-cpu", engine_on_cpu] if engine_on_cpu else []))
+    assert two.returncode == 0, output(two)
+    for run in runs.split(","):
+        expected = final_weights(tmp_path / "one" / run)
+        assert any(name.startswith("2:") for name in expected) and any(not n.startswith("2:") for n in expected)
+        assert_close_tensors(final_weights(tmp_path / "two" / run), expected, f"{engine} {run}")
+        assert_same_logs(metrics(tmp_path / "two" / run), metrics(tmp_path / "one" / run), f"{engine} {run}")
 
 
 @pytest.mark.multiprocess

@@ -29,7 +29,9 @@ from sage_trl.preflight.models import build_pipeline
 from sage_trl.preflight.replay import replay_calls
 from sage_trl.preflight.runner import trace_plan
 from sage_trl.preflight.savers import SAVERS, saver_cost
+from sage_trl.preflight.steps import rollout_rounds_per_optimizer_step
 from sage_trl.preflight.tracing import TraceError, trace_session
+from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE, build_tiny_wan_pipeline
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 CONFIGS = REPOSITORY / "examples" / "configs"
@@ -96,6 +98,32 @@ def test_traced_peaks_equal_the_cpu_allocators_peaks_of_the_same_step(
             assert 0 < transient <= real.transient_bytes, phase.name
 
 
+def test_both_wan22_experts_trace_as_the_cpu_allocator_counts_and_the_idle_one_waits_on_the_host(
+    tiny_wan22_path: Path, tmp_path: Path
+) -> None:
+    configs = resolve_model_configs(str(tiny_wan22_path))
+    config = tiny_config(tiny_wan22_path, tmp_path, expert="both")
+    resident = trace_plan(config, tiny_lora(), model_configs=configs)
+    torch.manual_seed(0)
+    measured = measure_training_step(load_backbone(str(tiny_wan22_path), expert="both"), config, tiny_lora())
+    for phase, real in zip(resident.phases, measured, strict=True):
+        transient = phase.peak_bytes - phase.start_bytes
+        if phase.name in EXACT_PHASES:
+            assert (1 - TOLERANCE) * real.transient_bytes <= transient <= real.transient_bytes, phase.name
+    swapping = tiny_config(tiny_wan22_path, tmp_path, expert="both", offload_idle_expert=True)
+    swapped = trace_plan(swapping, tiny_lora(), model_configs=configs)
+    idle = next(kind for kind in swapped.kinds if kind.name == "idle expert (swapped to the host)")
+    expert = build_tiny_wan_pipeline().transformer
+    expert_bytes = sum(t.numel() * t.element_size() for t in (*expert.parameters(), *expert.buffers()))
+    assert not idle.on_device and idle.num_bytes == pytest.approx(expert_bytes, rel=0.01)
+    for phase, kept in zip(swapped.phases[1:], resident.phases[1:], strict=True):  # after the prompt encoding
+        assert phase.start_bytes == kept.start_bytes - idle.num_bytes, phase.name
+        assert phase.peak_bytes - phase.start_bytes == kept.peak_bytes - kept.start_bytes, phase.name
+    rounds = rollout_rounds_per_optimizer_step(swapping)
+    assert (swapped.expert_swaps, resident.expert_swaps) == (2 * rounds + 2 * swapping.gradient_accumulation_steps, 0)
+    assert swapped.expert_swap_bytes == idle.num_bytes
+
+
 def test_precomputed_prompts_are_encoded_with_only_the_text_encoders_on_the_device(
     tiny_wan_path: Path, tmp_path: Path
 ) -> None:
@@ -137,6 +165,8 @@ def test_checkpointing_and_micro_batch_change_the_traced_training_peak(
         ("hunyuanvideo15_480p_lora_1gpu_48gb.yaml", "L40S", 44.0, 2 * 8.33e9),
         ("wan21_1.3b_lora_1gpu_24gb.yaml", "RTX4090", None, 2 * 1.42e9),  # 1.42B
         ("wan21_1.3b_lora_1gpu_16gb.yaml", "RTX4090", 14.5, 2 * 1.42e9),
+        # Wan 2.2 A14B, both experts trained: one 14.29B expert on the device, the idle one on the host
+        ("wan22_a14b_lora_1gpu_80gb.yaml", "H100", 79.0, 2 * 14.29e9),
     ],
 )
 def test_full_size_plans_of_the_example_configs_back_their_claims(
@@ -173,6 +203,10 @@ def test_full_size_plans_of_the_example_configs_back_their_claims(
     assert plan.trace_seconds > 0  # its duration is benchmarks.gpu_memory's to report, not a test's to time
     text = plan.format()
     assert "Fits in" in text and "traced, not measured" in text
+    if "wan22" in name:  # both experts train: two adapters, the idle expert on the host, its swaps planned
+        assert kinds["idle expert (swapped to the host)"].num_bytes == pytest.approx(weights_bytes, rel=0.01)
+        assert not kinds["idle expert (swapped to the host)"].on_device
+        assert plan.expert_swaps == 2 * 2 + 2 * config.gradient_accumulation_steps and "Expert swaps" in text
 
 
 @pytest.mark.slow
@@ -196,6 +230,19 @@ def test_a_config_that_does_not_fit_is_reported_with_the_savers_that_make_it_fit
     output = capsys.readouterr().out
     assert status == 1
     assert "Does NOT fit in 24 GiB. With gradient_checkpointing: true:" in output and "fits." in output
+
+
+def test_sage_train_plans_a_multi_gpu_launch_from_one_cpu_process(
+    tiny_wan22_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    size = [f"--{name}={value}" for name, value in TINY_VIDEO_SIZE.items()]
+    common = ["--model_name_or_path", str(tiny_wan22_path), "--expert", "both", *size, "--num_inference_steps", "4"]
+    common += ["--use_cpu", "true", "--output_dir", str(tmp_path / "run"), "--preflight"]
+    assert train_main(common) == 0
+    alone = capsys.readouterr().out
+    assert train_main([*common, "--preflight_world_size", "2", "--preflight_fsdp", "true"]) == 0
+    sharded = capsys.readouterr().out
+    assert "(1 process)" in alone and "(2 processes, FSDP2)" in sharded
 
 
 # -- the meter and the shadow values ----------------------------------------------------------------------

@@ -103,9 +103,19 @@ def test_wan_schedule_is_not_the_plain_flow_match_schedule(tiny_wan_backbone):
     ("options", "backbone_options"),
     [
         ({"two_experts": True, "boundary_ratio": 0.7}, {"guidance_scale_2": 2.0}),
+        ({"two_experts": True, "boundary_ratio": 0.7}, {"guidance_scale_2": 2.0, "expert": "both"}),
+        (
+            {"two_experts": True, "boundary_ratio": 0.7},
+            {"guidance_scale_2": 2.0, "expert": "both", "offload_idle_expert": True},
+        ),
         ({"expand_timesteps": True}, {}),
     ],
-    ids=["wan22-a14b-two-experts", "wan22-ti2v-expanded-timesteps"],
+    ids=[
+        "wan22-a14b-two-experts",
+        "wan22-a14b-both-trainable",
+        "wan22-a14b-both-trainable-swapped",
+        "wan22-ti2v-expanded-timesteps",
+    ],
 )
 def test_wan22_variants_reproduce_pipeline_latents(options, backbone_options):
     backbone = WanBackbone(build_tiny_wan_pipeline(**options), **backbone_options)
