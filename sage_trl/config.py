@@ -190,6 +190,17 @@ class SageGRPOFields(GRPOConfig):
         "update is unchanged. Not in the paper (a memory saver).",
         Flag(),
     )
+    sequential_cfg: bool = hyperparameter(
+        False,
+        "Backpropagate the two classifier-free-guidance branches of the training forward one after the other: "
+        "each branch is checkpointed as a whole, so only one branch's saved activations (with "
+        "gradient_checkpointing, its block inputs) exist at a time (sage_env.backbones._diffusers."
+        "branch_prediction). Saves about half of the training micro-step's activations at one more forward per "
+        "branch (a training micro-step does about 5 forward-equivalents instead of 4 with gradient checkpointing). "
+        "Same gradients. Recommended when the training micro-step is the peak and activation_offload is not "
+        "enough; combines with it. Not in the paper (a memory saver).",
+        Flag(),
+    )
     diffusers_gradient_checkpointing: bool = hyperparameter(
         False,
         "Set from gradient_checkpointing: diffusers models use enable_gradient_checkpointing().",

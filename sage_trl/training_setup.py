@@ -176,13 +176,16 @@ def training_env(
 
 
 def enable_memory_savers(backbone: VideoBackbone, config: Any) -> None:
-    """Gradient checkpointing (its block inputs on the host with ``activation_offload``), the VAE's tiling and
-    slicing, and the idle expert on the host (``offload_idle_expert``), as configured (docs/training_on_gpus.md); each leaves the training result unchanged."""
+    """Gradient checkpointing (its block inputs on the host with ``activation_offload``), the CFG branches one after
+    the other (``sequential_cfg``), the VAE's tiling and slicing, and the idle expert on the host
+    (``offload_idle_expert``), as configured (docs/training_on_gpus.md); each leaves the training result unchanged."""
     if config.activation_offload:  # diffusers' hook for the checkpointing function
         function = activation_offload.offloaded_checkpoint
         backbone.transformer.enable_gradient_checkpointing(gradient_checkpointing_func=function)
     elif config.diffusers_gradient_checkpointing:
         backbone.transformer.enable_gradient_checkpointing()
+    if config.sequential_cfg:
+        backbone.enable_sequential_cfg()
     backbone.enable_vae_memory_savers(tiling=config.vae_tiling, slicing=config.vae_slicing)
     backbone.park_idle_experts()  # offload_idle_expert
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import diffusers
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from sage_env.backbones.base import PromptConditioning
 
@@ -152,3 +153,21 @@ def postprocess_video(pipeline: Any, video: torch.Tensor) -> torch.Tensor:
     """VAE output ``(B, 3, F, H, W)`` in [-1, 1] -> ``(B, F, 3, H, W)`` float32 in [0, 1], as the pipeline does."""
     frames = pipeline.video_processor.postprocess_video(video, output_type="pt")
     return frames.float()
+
+
+def branch_prediction(model: Any, sequential: bool, **inputs: Any) -> torch.Tensor:
+    """One CFG branch's prediction, ``model(**inputs)[0]``.
+
+    ``sequential`` (`PipelineBackbone.sequential_cfg`, with gradients on): the whole branch is checkpointed
+    (non-reentrant ``torch.utils.checkpoint``), so its forward keeps only its inputs, and the backward recomputes
+    and backpropagates one branch after the other: the conditional and unconditional branches' saved activations
+    (with gradient checkpointing, the block inputs) never exist together. Same gradients; one more forward per
+    branch."""
+    if sequential and torch.is_grad_enabled():
+        return checkpoint(_first_output, model, use_reentrant=False, **inputs)
+    return model(**inputs)[0]
+
+
+def _first_output(model: Any, **inputs: Any) -> torch.Tensor:
+    return model(**inputs)[0]
+

@@ -332,6 +332,14 @@ class VideoBackbone(ABC):
             if wanted:
                 getattr(self.vae, method)()
 
+    def enable_sequential_cfg(self) -> None:
+        """Backpropagate the two CFG branches of a training forward one after the other (``sequential_cfg``);
+        backbones that compute CFG their own way raise."""
+        raise ValueError(
+            f"{type(self).__name__} computes its guidance its own way; sequential_cfg applies to the diffusers "
+            "backbones (WanBackbone, HunyuanVideo15Backbone): turn it off."
+        )
+
     # -- experts -----------------------------------------------------------------------------------
 
     @property

@@ -247,9 +247,16 @@ class HunyuanVideo15Backbone(PipelineBackbone):
         model = transformer if transformer is not None else self.transformer
         dtype = self.transformer.dtype
         inputs = self._model_inputs(latents, sigma, dtype)
-        prediction = model(**inputs, **self._prompt_arguments(conditioning, "", dtype))[0]
-        guided = self._guide(model, inputs, conditioning, prediction, scale)
+        sequential = self.sequential_cfg and self._cfg_on(scale)  # only two branches can take turns
+        positive = self._prompt_arguments(conditioning, "", dtype)
+        prediction = _diffusers.branch_prediction(model, sequential, **inputs, **positive)
+        guided = self._guide(model, inputs, conditioning, prediction, scale, sequential)
         return guided.float()
+
+    def _cfg_on(self, scale: float) -> bool:
+        """Whether the guider runs the unconditional branch at ``scale`` (not at 1, or 0 for the original
+        formulation)."""
+        return not math.isclose(scale, 0.0 if self.pipeline.guider.use_original_formulation else 1.0)
 
     def _model_inputs(self, latents: torch.Tensor, sigma: torch.Tensor, dtype: torch.dtype) -> dict[str, Any]:
         """Transformer inputs besides the prompt: ``cat[latents, 0, 0]``, timestep, zero image embeddings."""
@@ -292,14 +299,15 @@ class HunyuanVideo15Backbone(PipelineBackbone):
         conditioning: PromptConditioning,
         prediction: torch.Tensor,
         scale: float,
+        sequential: bool = False,
     ) -> torch.Tensor:
         """``ClassifierFreeGuidance.forward`` on the conditional prediction (and the unconditional one if CFG is on)."""
         guider = self.pipeline.guider
         original = guider.use_original_formulation
         guided = prediction
-        if not math.isclose(scale, 0.0 if original else 1.0):
+        if self._cfg_on(scale):
             negative = self._prompt_arguments(conditioning, "negative_", prediction.dtype)
-            unconditional = model(**inputs, **negative)[0]
+            unconditional = _diffusers.branch_prediction(model, sequential, **inputs, **negative)
             shift = prediction - unconditional
             guided = (prediction if original else unconditional) + scale * shift
         if guider.guidance_rescale > 0.0:

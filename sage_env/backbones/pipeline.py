@@ -38,6 +38,13 @@ class PipelineBackbone(VideoBackbone):
     """A `VideoBackbone` over a diffusers pipeline (``self.pipeline``), sampling on the pipeline's own schedule."""
 
     pipeline: Any
+    sequential_cfg: bool = False
+    """Checkpoint each CFG branch of a forward with gradients as a whole (`_diffusers.branch_prediction`)."""
+
+    def enable_sequential_cfg(self) -> None:
+        """The training forward's CFG branches are recomputed and backpropagated one after the other: the
+        activations of one branch at a time (``sequential_cfg``)."""
+        self.sequential_cfg = True
 
     @property
     def vae(self) -> torch.nn.Module:

@@ -382,11 +382,14 @@ class WanBackbone(PipelineBackbone):
             "return_dict": False,
         }
         prompt_embeds = conditioning.tensors["prompt_embeds"].to(self.device, dtype)
-        prediction = model(encoder_hidden_states=prompt_embeds, **arguments)[0]
+        sequential = self.sequential_cfg and cfg_switch_scale > 1.0  # only two branches can take turns
+        prediction = _diffusers.branch_prediction(model, sequential, encoder_hidden_states=prompt_embeds, **arguments)
         if cfg_switch_scale <= 1.0:
             return prediction
         negative_embeds = conditioning.tensors["negative_prompt_embeds"].to(self.device, dtype)
-        unconditional = model(encoder_hidden_states=negative_embeds, **arguments)[0]
+        unconditional = _diffusers.branch_prediction(
+            model, sequential, encoder_hidden_states=negative_embeds, **arguments
+        )
         return unconditional + scale * (prediction - unconditional)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -106,6 +106,7 @@ ALGORITHMS = {  # run-name variant: the algorithm's settings over SETTINGS
     # row per process but two in one process, and on a CPU one row takes a matrix-vector kernel whose rounding
     # differs from the matrix-matrix one (the runs then drift apart by ~3e-5, beyond WEIGHTS_ATOL).
     "branch": {"algorithm": "branch_grpo", "rollout_batch_size": 1},
+    "seq": {"sequential_cfg": True},  # CFG branches checkpointed as wholes, around FSDP's gathers
     "flash": {  # each rollout on its own compressed schedule, solved with DPM-Solver++ after the window
         "algorithm": "mix_grpo_flash",
         "algorithm_args": {"sde_window_size": 2, "sde_window_shift_interval": 1},

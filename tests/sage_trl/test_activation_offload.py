@@ -1,4 +1,5 @@
-"""sage_trl/activation_offload.py: checkpointing with the block inputs that carry gradients held on the host.
+"""sage_trl/activation_offload.py: checkpointing with the block inputs that carry gradients held on the host (and the
+other saver of the training micro-step, ``sequential_cfg``, against the CPU allocator the same way).
 
 On this CPU machine host and device are one, so the tests check what does not depend on that: the gradients equal
 plain checkpointing's, exactly the inputs that carry gradients are copied (and through the trace's marking), and
@@ -57,23 +58,40 @@ def test_gradients_equal_plain_checkpointing_and_only_gradient_inputs_are_copied
         torch.testing.assert_close(mine, reference, rtol=0, atol=0)
 
 
+def traced_micro_step(path: Path, tmp_path: Path, **overrides) -> tuple[object, object]:
+    """``(config, its traced training micro-step)`` of the tiny config with ``overrides``."""
+    config = tiny_config(path, tmp_path, **overrides)
+    plan = trace_plan(config, tiny_lora(), model_configs=resolve_model_configs(str(path)))
+    return config, next(p for p in plan.phases if p.name == "training micro-step")
+
+
+def measured_micro_step(path: Path, config: object) -> object:
+    """The CPU allocator's count of the same training micro-step (`measure_training_step`)."""
+    torch.manual_seed(0)
+    measured = measure_training_step(load_backbone(str(path)), config, tiny_lora())
+    return next(m for m in measured if m.name == "training micro-step")
+
+
 def test_trace_counts_the_copies_as_host_memory_and_matches_the_cpu_allocator(
     tiny_wan_path: Path, tmp_path: Path
 ) -> None:
-    configs = resolve_model_configs(str(tiny_wan_path))
-
-    def training(**overrides):
-        config = tiny_config(tiny_wan_path, tmp_path, **overrides)
-        plan = trace_plan(config, tiny_lora(), model_configs=configs)
-        return config, next(p for p in plan.phases if p.name == "training micro-step")
-
-    _, checkpointed = training()
-    config, offloaded = training(activation_offload=True)
+    _, checkpointed = traced_micro_step(tiny_wan_path, tmp_path)
+    config, offloaded = traced_micro_step(tiny_wan_path, tmp_path, activation_offload=True)
     offloaded_transient = offloaded.peak_bytes - offloaded.start_bytes
     assert offloaded_transient < checkpointed.peak_bytes - checkpointed.start_bytes  # the device holds less
     assert offloaded.total_transient_bytes > offloaded_transient  # the host holds the copies
-    torch.manual_seed(0)
-    measured = measure_training_step(load_backbone(str(tiny_wan_path)), config, tiny_lora())
-    real = next(m for m in measured if m.name == "training micro-step")
+    real = measured_micro_step(tiny_wan_path, config)
     # On a CPU host and device are one allocator: the trace's device + host is what it counts.
     assert (1 - TOLERANCE) * real.transient_bytes <= offloaded.total_transient_bytes <= real.transient_bytes
+
+
+def test_sequential_cfg_trace_holds_one_branch_and_matches_the_cpu_allocator(
+    tiny_wan_path: Path, tmp_path: Path
+) -> None:
+    # The other saver of the training micro-step (sequential_cfg), checked the same way.
+    _, together = traced_micro_step(tiny_wan_path, tmp_path)
+    config, taking_turns = traced_micro_step(tiny_wan_path, tmp_path, sequential_cfg=True)
+    transient = taking_turns.peak_bytes - taking_turns.start_bytes
+    assert transient < together.peak_bytes - together.start_bytes
+    real = measured_micro_step(tiny_wan_path, config)
+    assert (1 - TOLERANCE) * real.transient_bytes <= transient <= real.transient_bytes

@@ -250,6 +250,20 @@ def test_two_expert_wan_trains_in_two_processes_what_one_process_trains(
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
+def test_sequential_cfg_under_fsdp2_trains_what_one_process_trains(tmp_path: Path, tiny_wan_path: Path) -> None:
+    # Each CFG branch is checkpointed as a whole: its recomputation in the backward gathers the blocks again.
+    arguments = ["--runs", "wan-lora-seq", "--pipelines", f"wan={tiny_wan_path}", "--max-steps", "2"]
+    alone = run_command([sys.executable, str(SCRIPT), str(tmp_path / "one"), *arguments], tmp_path)
+    assert alone.returncode == 0, output(alone)
+    two = launch(ENGINES["fsdp2"][0], tmp_path / "two", *arguments, "--engine-on-cpu", "fsdp")
+    assert two.returncode == 0, output(two)
+    expected = final_weights(tmp_path / "one" / "wan-lora-seq")
+    assert_close_tensors(final_weights(tmp_path / "two" / "wan-lora-seq"), expected, "fsdp2 sequential_cfg")
+    assert_same_logs(metrics(tmp_path / "two" / "wan-lora-seq"), metrics(tmp_path / "one" / "wan-lora-seq"), "seq")
+
+
+@pytest.mark.multiprocess
 def test_ddp_trains_a_model_with_parameters_its_forward_does_not_use(
     tmp_path: Path, tiny_hunyuan_path: Path
 ) -> None:

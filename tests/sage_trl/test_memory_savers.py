@@ -86,6 +86,8 @@ def assert_same_update(
         {"offload_text_encoders": False},
         {"rollout_batch_size": 3},
         {"gradient_checkpointing": True, "activation_offload": True},
+        {"sequential_cfg": True},
+        {"gradient_checkpointing": True, "activation_offload": True, "sequential_cfg": True},
     ],
     ids=[
         "gradient_checkpointing",
@@ -95,6 +97,8 @@ def assert_same_update(
         "no_encoder_offload",
         "rollout_batch_3",
         "activation_offload",
+        "sequential_cfg",
+        "sequential_cfg_with_offload",
     ],
 )
 def test_saver_leaves_the_update_unchanged(
@@ -107,6 +111,8 @@ def test_saver_leaves_the_update_unchanged(
     if saver.get("activation_offload"):
         function = trainer.backbone.transformer._gradient_checkpointing_func
         assert function is activation_offload.offloaded_checkpoint
+    if saver.get("sequential_cfg"):
+        assert trainer.backbone.sequential_cfg
     if saver.get("vae_tiling"):
         assert trainer.backbone.vae.use_tiling and trainer.backbone.vae.use_slicing
 
