@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -197,11 +198,20 @@ def generate_videos(settings: GenerationSettings) -> torch.Tensor:
 
 
 def _adapter_experts(adapter: str | None) -> dict[str, str]:
-    """``expert="both"`` for an adapter folder with one file per Wan 2.2 expert (`layout.EXPERT_2_LORA_WEIGHT_NAME`
-    beside the usual one: sage-train's ``expert: both``), so that each file loads into its expert."""
-    if adapter is not None and (Path(adapter) / layout.EXPERT_2_LORA_WEIGHT_NAME).is_file():
-        return {"expert": "both"}
-    return {}
+    """The Wan 2.2 expert(s) an adapter folder of sage-train belongs to, so that each file loads into its expert:
+    the run's ``expert`` (its ``sage_config.json``), else ``"both"`` for a folder with one file per expert
+    (`layout.EXPERT_2_LORA_WEIGHT_NAME` beside the usual one); nothing for other adapters."""
+    if adapter is None or not Path(adapter).is_dir():
+        return {}
+    folder, expert = Path(adapter), None
+    if (folder / layout.CONFIG_FILE).is_file():
+        try:
+            expert = json.loads((folder / layout.CONFIG_FILE).read_text()).get("expert")
+        except (json.JSONDecodeError, AttributeError) as error:
+            raise ValueError(f"--adapter: {folder / layout.CONFIG_FILE} is not a sage-train config ({error}).") from error
+    if expert is None and (folder / layout.EXPERT_2_LORA_WEIGHT_NAME).is_file():
+        expert = "both"
+    return {"expert": expert} if expert else {}
 
 
 def _sampled_videos(backbone: VideoBackbone, settings: GenerationSettings) -> torch.Tensor:

@@ -136,11 +136,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
             optimizers=optimizers,
         )
         check_launch(self.accelerator)
-        if self.is_deepspeed_enabled and len(self.backbone.trained_experts) > 1:
-            raise ValueError(
-                "expert: both runs each expert's micro-batches apart, which DeepSpeed's one-backward-per-step engine "
-                "cannot: launch with DDP or FSDP2 (examples/configs/accelerate), or train one expert."
-            )
+        setup.check_expert_launch(self.backbone, args, self.accelerator.num_processes, self.is_deepspeed_enabled)
         _trl_compat.init_grpo_state(self, args)
         self._init_rollout_and_loss_state(args)
 

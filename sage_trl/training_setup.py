@@ -24,6 +24,7 @@ from sage_trl import activation_offload
 __all__ = [
     "PROMPT_ENCODE_CHUNK",
     "TEXT_ENCODER_NAMES",
+    "check_expert_launch",
     "check_video_size",
     "composite_reward",
     "enable_memory_savers",
@@ -99,6 +100,23 @@ def _expert_options(model: VideoBackbone | str | None, config: Any) -> dict[str,
             "expert unset."
         )
     return expert_options(config)
+
+
+def check_expert_launch(backbone: VideoBackbone, config: Any, num_processes: int, deepspeed: bool) -> None:
+    """Refuse the launches the expert options do not support: both experts under DeepSpeed (its engine takes one
+    backward per step; each expert runs its own micro-batches), and the idle expert swapped with several processes
+    (its weights would leave the device under DDP's and FSDP's wrappers, untested: FSDP2 shards both experts
+    instead)."""
+    if deepspeed and len(backbone.trained_experts) > 1:
+        raise ValueError(
+            "expert: both runs each expert's micro-batches apart, which DeepSpeed's one-backward-per-step engine "
+            "cannot: launch with DDP or FSDP2 (examples/configs/accelerate), or train one expert."
+        )
+    if config.offload_idle_expert and num_processes > 1:
+        raise ValueError(
+            "offload_idle_expert is for one process: over several GPUs, FSDP2 shards both experts instead "
+            "(examples/configs/wan22_a14b_lora_8gpu_fsdp.yaml); drop offload_idle_expert."
+        )
 
 
 def expert_options(config: Any) -> dict[str, Any]:

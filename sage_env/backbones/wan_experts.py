@@ -88,9 +88,8 @@ class WanExperts(torch.nn.Module):
     def device(self) -> torch.device:
         """Where the experts compute: the device of the trainable parameters (which never swap), else of the
         first parameter."""
-        parameters = list(self.parameters())
-        trainable = next((p for p in parameters if p.requires_grad), parameters[0])
-        return trainable.device
+        trainable = next((p for p in self.parameters() if p.requires_grad), None)
+        return (trainable if trainable is not None else next(self.parameters())).device
 
     @property
     def _no_split_modules(self) -> list[str]:
@@ -147,7 +146,7 @@ class WanExperts(torch.nn.Module):
         """Move ``module``'s frozen parameters and buffers to the host (``to_host``) or to ``device``, in place (their
         ``.data``): the module keeps its parameter objects, so the optimizer, the anchor and any hook still find
         them."""
-        frozen = [p for p in module.parameters() if not p.requires_grad] + list(module.buffers())
+        frozen = _frozen_tensors(module)
         for tensor in frozen:
             tensor.data = tensor.data.to("cpu" if to_host else device)
         if self.swap_observer is not None:
@@ -160,6 +159,9 @@ class WanExperts(torch.nn.Module):
 
     def frozen_bytes(self, name: str) -> int:
         """Bytes of ``name``'s frozen tensors: what one swap of that expert moves."""
-        module = self.expert(name)
-        frozen = [p for p in module.parameters() if not p.requires_grad] + list(module.buffers())
-        return sum(t.numel() * t.element_size() for t in frozen)
+        return sum(t.numel() * t.element_size() for t in _frozen_tensors(self.expert(name)))
+
+
+def _frozen_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """What a swap moves: the module's parameters that do not train, and its buffers."""
+    return [p for p in module.parameters() if not p.requires_grad] + list(module.buffers())

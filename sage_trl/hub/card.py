@@ -259,6 +259,8 @@ def _method_context(run: RunRecord) -> dict[str, Any]:
         "target_modules": ", ".join(sorted(lora.get("target_modules") or [])),
         "weight_name": layout.LORA_WEIGHT_NAME,
         "second_expert": run.second_expert,
+        # A run that trained only Wan 2.2's low-noise expert saved its adapter under the usual name.
+        "into_transformer_2": run.config.get("expert") == "transformer_2",
         "expert_2_weight_name": layout.EXPERT_2_LORA_WEIGHT_NAME,
         "expert_2_folder": layout.EXPERT_2_FOLDER,
         "adapter_info_file": ADAPTER_INFO_FILE,

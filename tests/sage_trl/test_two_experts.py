@@ -20,12 +20,15 @@ from transformers.trainer_utils import get_last_checkpoint
 from agents import objective
 from sage_env.backbones.wan import WanBackbone
 from sage_trl import SageGRPOConfig, SageGRPOTrainer, generate
-from sage_trl.run_folder import layout
+from sage_trl.hub.card import render_model_card
+from sage_trl.run_folder import layout, read_run
+from sage_trl.training_setup import check_expert_launch
 from tests.doubles import mean_brightness
-from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE
+from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE, build_tiny_wan_pipeline
 from tests.sage_trl.test_trainer import StopAfter
 
 PROMPTS = ["a red ball", "a blue cube"]
+WAN22_ID = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
 
 
 def make_trainer(root: Path, pipeline: Path, expert: str, **kwargs) -> SageGRPOTrainer:
@@ -213,3 +216,42 @@ def test_sage_generate_loads_each_experts_adapter_into_its_expert(tmp_path: Path
     # The tiny VAE's videos barely depend on the latents (a few 1e-7 here), but both runs are the same computation.
     assert torch.equal(videos, expected.float())
     assert not torch.equal(videos, missing_second.float())  # the low-noise adapter was loaded too
+
+
+@pytest.mark.parametrize(
+    ("settings", "processes", "deepspeed", "message"),
+    [
+        ({"expert": "both"}, 1, True, "DeepSpeed's one-backward-per-step engine"),
+        ({"expert": "both", "offload_idle_expert": True}, 2, False, "offload_idle_expert is for one process"),
+    ],
+)
+def test_launches_the_expert_options_do_not_support_are_refused(
+    tmp_path: Path, settings: dict, processes: int, deepspeed: bool, message: str
+) -> None:
+    backbone = WanBackbone(build_tiny_wan_pipeline(two_experts=True), expert="both")
+    config = SageGRPOConfig(output_dir=str(tmp_path), use_cpu=True, **settings)
+    with pytest.raises(ValueError, match=message):
+        check_expert_launch(backbone, config, processes, deepspeed)
+    check_expert_launch(backbone, config, 1, False)  # one process without DeepSpeed: fine
+
+
+def test_a_low_noise_expert_run_loads_into_transformer_2_everywhere(tmp_path: Path, tiny_wan22_path: Path) -> None:
+    # Trained alone, the low-noise expert's adapter has the usual file name: the run's config says where it goes.
+    trainer = make_trainer(tmp_path, tiny_wan22_path, "transformer_2", learning_rate=5e-2)
+    trainer.train()
+    run = tmp_path / "run"
+    card = str(render_model_card(read_run(run), repo_id="me/low-noise", license="apache-2.0", base_model=WAN22_ID))
+    assert 'pipe.load_lora_weights("me/low-noise", load_into_transformer_2=True)' in card
+    arguments = ["--model", str(tiny_wan22_path), "--prompt", PROMPTS[0], "--steps", "4", "--device", "cpu"]
+    arguments += [f"--{name.replace('_', '-')}={value}" for name, value in TINY_VIDEO_SIZE.items()]
+    settings = generate.parse_generate_arguments([*arguments, "--adapter", str(run), "--output", "x.gif"])
+    videos = generate.generate_videos(settings)
+    pipe = WanPipeline.from_pretrained(tiny_wan22_path)
+    pipe.load_lora_weights(run, load_into_transformer_2=True)
+    options = {"num_inference_steps": 4, "generator": torch.Generator().manual_seed(0), "output_type": "pt"}
+    assert torch.equal(videos, pipe(PROMPTS[0], guidance_scale=5.0, **TINY_VIDEO_SIZE, **options).frames.float())
+    wrong = WanPipeline.from_pretrained(tiny_wan22_path)
+    wrong.load_lora_weights(run)  # into the high-noise expert
+    options["generator"] = torch.Generator().manual_seed(0)
+    assert not torch.equal(videos, wrong(PROMPTS[0], guidance_scale=5.0, **TINY_VIDEO_SIZE, **options).frames.float())
+
