@@ -306,7 +306,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
             float(total[valid].std(unbiased=False)) if valid.sum() > 1 else 0.0
         )
         metrics["reward/invalid_count"].append(float((~valid).sum()))
-        metrics["reward/invalid_fraction"].append(float((~valid).float().mean()))
+        metrics["diagnostics/invalid_reward_fraction"].append(float((~valid).float().mean()))
         failed = gather(torch.tensor([rewards.failed_calls], device=device))
         metrics["reward/failed_calls"].append(float(failed.sum()))
         stds = trajectory.stds[trajectory.trainable].double()

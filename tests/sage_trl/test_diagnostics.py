@@ -30,6 +30,7 @@ def test_the_on_policy_ratio_is_one_unless_dropout_is_left_on(tmp_path: Path) ->
     # Each rollout is trained on-policy first (gradient_accumulation_steps 2 = steps_per_generation x iterations).
     assert all(record["diagnostics/on_policy_ratio_deviation"] < 1e-5 for record in clean)
     assert all(record["diagnostics/log_prob_gap"] < 1e-5 for record in clean)
+    assert all(record["diagnostics/invalid_reward_fraction"] == 0 for record in clean)
     dropout = train(tmp_path / "dropout", lora_dropout=0.5)  # the training forward drops, the rollout did not
     # (Not at the first step: LoRA's B starts at zero, so the adapter adds nothing to drop until it has trained.)
     assert dropout[-1]["diagnostics/on_policy_ratio_deviation"] > 1e-3
