@@ -195,9 +195,9 @@ class SageGRPOFields(GRPOConfig):
         "Backpropagate the two classifier-free-guidance branches of the training forward one after the other: "
         "each branch is checkpointed as a whole, so only one branch's saved activations (with "
         "gradient_checkpointing, its block inputs) exist at a time (sage_env.backbones._diffusers."
-        "branch_prediction). Saves about 40% of the training micro-step's activations (traced, HunyuanVideo 1.5 480p: "
-        "38.2 -> 30.8 GiB) at one more forward per "
-        "branch (traced: +20% FLOPs per training micro-step, +11% per optimizer step). "
+        "branch_prediction). Saves about 40 percent of the training micro-step's activations (traced, HunyuanVideo 1.5 "
+        "480p: 38.2 -> 30.8 GiB) at one more forward per "
+        "branch (traced: 20 percent more FLOPs per training micro-step, 11 percent more per optimizer step). "
         "Same gradients. Recommended when the training micro-step is the peak and activation_offload is not "
         "enough; combines with it. Not in the paper (a memory saver).",
         Flag(),
