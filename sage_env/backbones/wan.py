@@ -217,7 +217,7 @@ class WanBackbone(PipelineBackbone):
         ``sigma * 1000 < boundary_ratio * 1000``, the pipeline's rule, else 0."""
         boundary_ratio = self.pipeline.config.boundary_ratio
         if boundary_ratio is None:
-            return torch.zeros(sigma.shape, dtype=torch.long, device=sigma.device)
+            return super().expert_of(sigma)
         num_train_timesteps = self.pipeline.scheduler.config.num_train_timesteps
         return (sigma * num_train_timesteps < boundary_ratio * num_train_timesteps).long()
 
@@ -312,15 +312,13 @@ class WanBackbone(PipelineBackbone):
         # The pipeline feeds the scheduler's timesteps, which are sigma * num_train_timesteps in float32.
         timestep = sigma * self.pipeline.scheduler.config.num_train_timesteps
         models = self._expert_models(transformer)
-        boundary_ratio = self.pipeline.config.boundary_ratio
-        if boundary_ratio is None:
+        if self.pipeline.config.boundary_ratio is None:
             return self._guided_velocity(
                 models["transformer"], latents, timestep, conditioning, scale, scale
             ).float()
-        boundary = boundary_ratio * self.pipeline.scheduler.config.num_train_timesteps
         low_noise_scale = scale if self.guidance_scale_2 is None else self.guidance_scale_2
         return self._two_expert_velocity(
-            models, latents, timestep, conditioning, boundary, (scale, low_noise_scale)
+            models, latents, timestep, conditioning, self.expert_of(sigma), (scale, low_noise_scale)
         )
 
     def _expert_models(self, transformer: torch.nn.Module | None) -> dict[str, Any]:
@@ -339,14 +337,13 @@ class WanBackbone(PipelineBackbone):
         latents: torch.Tensor,
         timestep: torch.Tensor,
         conditioning: PromptConditioning,
-        boundary: float,
+        experts: torch.Tensor,
         scales: tuple[float, float],
     ) -> torch.Tensor:
-        """Wan 2.2 A14B: each sample goes to the high-noise expert iff ``timestep >= boundary`` (the pipeline's rule)."""
-        high_noise = timestep >= boundary
+        """Wan 2.2 A14B: each sample goes to its expert (``experts``: `expert_of` of its sigma, the pipeline's rule)."""
         parts, order = [], []
-        for name, mask, scale in zip(EXPERT_NAMES, (high_noise, ~high_noise), scales):
-            index = mask.nonzero().squeeze(1)
+        for expert, (name, scale) in enumerate(zip(EXPERT_NAMES, scales)):
+            index = (experts == expert).nonzero().squeeze(1)
             if index.numel() == 0:
                 continue
             if self.expert == "both":

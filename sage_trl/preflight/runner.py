@@ -180,7 +180,7 @@ def trace_plan(
         recorder = _TraceRecorder(meter)
         pipeline = build_pipeline(configs, config.parameter_dtype(lora_config is not None))
         backbone = backbone_for(configs, pipeline, config)
-        if backbone.transformer is not getattr(pipeline, "transformer", None):  # both Wan 2.2 experts: follow swaps
+        if len(backbone.trained_experts) > 1:  # both Wan 2.2 experts: the trace follows the idle one's swaps
             backbone.transformer.swap_observer = recorder.to_host
         reward_models = build_reward_models(rewards)
         meter.set_host(_tensors(reward_models), config.reward_offload)

@@ -78,8 +78,8 @@ SAVERS: tuple[Saver, ...] = (
         "sequential_cfg: true",
         lambda c, lora: not c.sequential_cfg,
         {"sequential_cfg": True},
-        "one more forward per CFG branch of each training micro-step (about +25% training-phase compute with "
-        "gradient checkpointing, estimated)",
+        "one more forward per CFG branch of each training micro-step (traced on HunyuanVideo 1.5 480p: +20% FLOPs "
+        "per micro-step, +11% per optimizer step); no PCIe traffic",
     ),
     Saver(
         "activation_offload: true",
