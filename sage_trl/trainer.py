@@ -153,7 +153,9 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
         args.resolve_model_defaults(self.pipeline_class)
         setup.check_video_size(args)
         if args.precompute_prompt_embeddings:
-            setup.precompute_prompt_embeddings(self.backbone, prompts, args.negative_prompt, args.device)
+            setup.precompute_prompt_embeddings(
+                self.backbone, prompts, args.negative_prompt, args.device, args.prompt_encode_batch_size
+            )
 
     def _init_rollout_and_loss_state(self, args: SageGRPOConfig) -> None:
         """After transformers' and TRL's state: memory savers, references, environment, counters, callbacks."""

@@ -22,7 +22,6 @@ from sage_env.rewards import CompositeReward
 from sage_trl import activation_offload
 
 __all__ = [
-    "PROMPT_ENCODE_CHUNK",
     "TEXT_ENCODER_NAMES",
     "check_expert_launch",
     "check_video_size",
@@ -40,11 +39,6 @@ __all__ = [
     "training_env",
     "videos_per_round",
 ]
-
-PROMPT_ENCODE_CHUNK = 8
-"""Distinct prompts encoded per call when ``precompute_prompt_embeddings`` is on: bounds the text encoders'
-activations. HunyuanVideo 1.5's pipeline keeps all of Qwen2.5-VL's hidden states, ~0.4 GiB per prompt: 8 prompts
-keep the encode phase (16.8 GiB with the weights, traced) below the training step; 64 made it the peak (57 GiB)."""
 
 _UNSUPPORTED_ARGUMENTS = {
     "processing_class": "video backbones bring their own text encoders",
@@ -248,13 +242,18 @@ def text_encoders_alone_on(backbone: VideoBackbone, device: torch.device | str) 
 
 
 def precompute_prompt_embeddings(
-    backbone: VideoBackbone, prompts: list[str], negative_prompt: str | None, device: torch.device | str
+    backbone: VideoBackbone,
+    prompts: list[str],
+    negative_prompt: str | None,
+    device: torch.device | str,
+    batch_size: int,
 ) -> None:
     """Encode every distinct prompt once into the backbone's prompt cache (on the host), before the transformer
     occupies ``device`` (``precompute_prompt_embeddings``): the text encoders alone on ``device``
-    (`text_encoders_alone_on`), `PROMPT_ENCODE_CHUNK` prompts per call. So encoding, a one-time phase, never holds
-    the text encoders and the transformer on the device together (docs/training_on_gpus.md)."""
+    (`text_encoders_alone_on`), ``batch_size`` prompts per call (``prompt_encode_batch_size``). So encoding, a
+    one-time phase, never holds the text encoders and the transformer on the device together
+    (docs/training_on_gpus.md)."""
     distinct = list(dict.fromkeys(prompts))
     with text_encoders_alone_on(backbone, device):
-        for start in range(0, len(distinct), PROMPT_ENCODE_CHUNK):
-            backbone.encode_prompts(distinct[start : start + PROMPT_ENCODE_CHUNK], negative_prompt)
+        for start in range(0, len(distinct), batch_size):
+            backbone.encode_prompts(distinct[start : start + batch_size], negative_prompt)

@@ -57,6 +57,12 @@ SAVERS: tuple[Saver, ...] = (
         "one pass of the text encoders over the prompt set at the start",
     ),
     Saver(
+        "prompt_encode_batch_size: 1",
+        lambda c, lora: c.precompute_prompt_embeddings and c.prompt_encode_batch_size > 1,
+        {"prompt_encode_batch_size": 1},
+        "one text-encoder call per prompt at the start, each also encoding the negative prompt",
+    ),
+    Saver(
         "reward_offload: true",
         lambda c, lora: not c.reward_offload,
         {"reward_offload": True},
@@ -111,7 +117,9 @@ def find_savers(
 ) -> tuple[list[str], int | None]:
     """The savers that bring ``plan`` under its budget and the peak they reach (traced with ``trace(config)``).
 
-    Returns ``([], None)`` when every saver is already on; the last peak when even all of them do not suffice.
+    A saver that does not lower the peak (it saves in a phase that is not the peak) is left out of the advice.
+    Returns ``([], None)`` when no saver that is off lowers the peak; the last peak when even all of them do not
+    suffice.
     """
     budget = plan.budget_gib
     applied: list[str] = []
@@ -119,9 +127,12 @@ def find_savers(
     for saver in SAVERS:
         if budget is None or not saver.is_off(config, lora_config):
             continue
-        config = with_fields(config, saver.fields)
+        saving = with_fields(config, saver.fields)
+        saving_peak = trace(saving).peak_bytes
+        if saving_peak >= (plan.peak_bytes if peak is None else peak):
+            continue
+        config, peak = saving, saving_peak
         applied.append(saver.name)
-        peak = trace(config).peak_bytes
         if plan.required_gib(peak) <= budget:
             break
     return applied, peak

@@ -78,9 +78,9 @@ def _encode(
     """Encode, keep the prompt cache on the host (as `VideoBackbone.encode_prompts` does), then offload the text
     encoders if the trainer would."""
     marker = recorder.live()
-    with recorder.phase(
-        "encode prompts", runs, transformer=False, note=f"{len(set(prompts))} prompts + the negative"
-    ):
+    distinct = len(set(prompts))
+    note = f"{distinct} prompt{'s' if distinct > 1 else ''} + the negative"
+    with recorder.phase("encode prompts", runs, transformer=False, note=note):
         encode_phase(backbone, prompts, negative)
     recorder.to_host_since(marker)
     if offload:
@@ -88,15 +88,13 @@ def _encode(
         recorder.to_host(text_encoder_tensors(backbone))
 
 
-def _precompute(
-    recorder: PhaseRecorder, backbone: VideoBackbone, negative: str | None, device: torch.device
-) -> None:
+def _precompute(recorder: PhaseRecorder, backbone: VideoBackbone, config: Any, negative: str | None) -> None:
     """`training_setup.precompute_prompt_embeddings`, one chunk of it: the text encoders alone on the run's
     ``device`` while the transformer and VAE wait on the host (`training_setup.text_encoders_alone_on`)."""
-    with training_setup.text_encoders_alone_on(backbone, device) as parked:
+    with training_setup.text_encoders_alone_on(backbone, config.device) as parked:
         recorder.to_host(_tensors_of(parked))
         recorder.to_host(text_encoder_tensors(backbone), host=False)
-        _encode(recorder, backbone, precompute_prompts(), negative, 0, offload=False)
+        _encode(recorder, backbone, precompute_prompts(config), negative, 0, offload=False)
     recorder.to_host(text_encoder_tensors(backbone))
     recorder.to_host(_tensors_of(parked), host=False)
 
@@ -110,7 +108,7 @@ def prepare_and_encode(
     precomputing = config.precompute_prompt_embeddings
 
     def precompute(model: VideoBackbone) -> None:
-        _precompute(recorder, model, negative, config.device)
+        _precompute(recorder, model, config, negative)
 
     run = prepare_run(backbone, config, lora_config, precompute=precompute if precomputing else None)
     anchor = run.references.anchor

@@ -171,9 +171,9 @@ def round_prompts(config: Any) -> list[str]:
     return [f"prompt {index // group}" for index in range(training_setup.videos_per_round(config))]
 
 
-def precompute_prompts() -> list[str]:
-    """One call of the trainer's prompt precomputation: `training_setup.PROMPT_ENCODE_CHUNK` distinct prompts, the round's first."""
-    return [f"prompt {index}" for index in range(training_setup.PROMPT_ENCODE_CHUNK)]
+def precompute_prompts(config: Any) -> list[str]:
+    """One call of the trainer's prompt precomputation: ``prompt_encode_batch_size`` distinct prompts."""
+    return [f"prompt {index}" for index in range(config.prompt_encode_batch_size)]
 
 
 def encode_phase(

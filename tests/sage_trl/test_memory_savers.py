@@ -173,10 +173,10 @@ def test_prompts_are_encoded_before_the_transformer_occupies_the_device(
         return backbone
 
     monkeypatch.setattr(training_setup, "load_backbone", spying_load)
-    monkeypatch.setattr(training_setup, "PROMPT_ENCODE_CHUNK", 3)
     args = SageGRPOConfig(
         output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=4, use_cpu=True,
-        model_name_or_path=str(tiny_wan_path), precompute_prompt_embeddings=True, **TINY_VIDEO_SIZE,
+        model_name_or_path=str(tiny_wan_path), precompute_prompt_embeddings=True, prompt_encode_batch_size=3,
+        **TINY_VIDEO_SIZE,
     )  # fmt: skip
     SageGRPOTrainer(None, mean_brightness, args=args, train_dataset=PROMPTS)
     assert events[:4] == [("load", "cpu"), ("transformer", "cpu"), ("vae", "cpu"), ("text_encoder", "cpu")]

@@ -28,7 +28,7 @@ from sage_trl.preflight.measure import measure_training_step
 from sage_trl.preflight.models import build_pipeline
 from sage_trl.preflight.replay import replay_calls
 from sage_trl.preflight.runner import trace_plan
-from sage_trl.preflight.savers import SAVERS, saver_cost
+from sage_trl.preflight.savers import SAVERS, find_savers, saver_cost
 from sage_trl.preflight.steps import rollout_rounds_per_optimizer_step
 from sage_trl.preflight.tracing import TraceError, trace_session
 from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE, build_tiny_wan_pipeline
@@ -137,6 +137,20 @@ def test_precomputed_prompts_are_encoded_with_only_the_text_encoders_on_the_devi
     assert plan.phases[1].start_bytes >= kinds["transformer weights"].num_bytes  # and are back for the rollout
 
 
+def test_the_prompt_encode_batch_size_bounds_the_traced_encode_phase(tiny_wan_path: Path, tmp_path: Path) -> None:
+    configs = resolve_model_configs(str(tiny_wan_path))
+
+    def encode_phase(batch_size: int) -> PhasePlan:
+        config = tiny_config(tiny_wan_path, tmp_path, precompute_prompt_embeddings=True, prompt_encode_batch_size=batch_size)
+        plan = trace_plan(config, tiny_lora(), model_configs=configs)
+        return next(p for p in plan.phases if p.name == "encode prompts")
+
+    one, eight = encode_phase(1), encode_phase(8)
+    assert (one.note, eight.note) == ("1 prompt + the negative", "8 prompts + the negative")
+    assert one.start_bytes == eight.start_bytes and one.peak_bytes < eight.peak_bytes
+    assert one.flops < eight.flops
+
+
 def test_checkpointing_and_micro_batch_change_the_traced_training_peak(
     tiny_wan_path: Path, tmp_path: Path
 ) -> None:
@@ -193,6 +207,7 @@ def test_full_size_plans_of_the_example_configs_back_their_claims(
         "training micro-step",
         "optimizer step",
     }
+    assert max(phases.values(), key=lambda phase: phase.peak_bytes) is not encode  # a one-time phase is never the peak
     for phase in phases.values():
         resident = kinds["text encoders" if phase is encode else "transformer weights"].num_bytes
         assert phase.peak_bytes >= phase.start_bytes >= resident
@@ -412,6 +427,27 @@ def test_time_and_fit_use_the_gpu_throughput_and_the_stated_margins() -> None:
     assert plan.fits and plan.budget_gib == 80
     plan.memory_budget_gib = 40
     assert plan.fits is False and "Does NOT fit in 40 GiB" in plan.format()
+
+
+def test_the_saver_search_leaves_out_savers_that_do_not_lower_the_peak(tiny_wan_path: Path, tmp_path: Path) -> None:
+    """A saver for a phase that is not the peak (here the encode batch, with the training micro-step at 40 GiB) is
+    traced and dropped from the advice; the search goes on to the ones that help."""
+    config = tiny_config(tiny_wan_path, tmp_path, precompute_prompt_embeddings=True, rollout_batch_size=1)
+    plan = _hand_plan()
+    plan.memory_budget_gib = 40
+    traced: list[str] = []
+
+    def trace(candidate: SageGRPOConfig) -> PreflightPlan:
+        traced.append(f"{candidate.prompt_encode_batch_size} {candidate.sequential_cfg}")
+        planned = _hand_plan()
+        if candidate.sequential_cfg:
+            planned.phases[1] = PhasePlan("training micro-step", 23 * GIB, 30 * GIB, 10**15, 10, True)
+        return planned
+
+    savers, peak = find_savers(config, tiny_lora(), plan, trace)
+    assert savers == ["sequential_cfg: true"] and peak == 30 * GIB
+    first = traced.index("1 False")  # tried, did not lower the peak, and stayed off for the next savers
+    assert all(entry.startswith("8 ") for entry in traced[first + 1 :]) and traced[-1] == "8 True"
 
 
 def test_the_verdict_names_each_saver_with_what_it_costs() -> None:
