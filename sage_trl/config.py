@@ -230,6 +230,23 @@ class SageGRPOFields(GRPOConfig):
         'Explicit {component: weight} (a JSON string on the command line), e.g. {"vq": 1, "ta": 2}.',
         _ComponentWeights(),
     )
+    # -- evaluation (docs/runs.md) ----------------------------------------------------------------------------
+    eval_seeds: list[int] = hyperparameter(
+        [0, 1],
+        "Seeds of the held-out evaluation: every prompt of eval_dataset (sage-train: eval_prompts) is sampled "
+        "deterministically once per seed, the same starting noise at every evaluation. More seeds, a tighter "
+        "held-out mean at one more video per prompt per evaluation. Evaluation runs with eval_strategy / "
+        "eval_steps and once before and after training in sage-train.",
+        ListOf(Integer(0, 2**31 - 1), min_length=1, max_length=256),
+    )
+    stop_on_alarm: bool = hyperparameter(
+        False,
+        "Stop training when an alarm fires (sage_trl.alarms: proxy and gold diverging, a reward component rising "
+        "alone, the importance ratio off 1, most groups without signal, a KL spike): the model is saved and "
+        "training_complete.json says stopped_on_alarm, so the run resumes from its last checkpoint. Without it "
+        "alarms warn and are recorded (alarms.jsonl, summary.md, the model card). Not in the paper.",
+        Flag(),
+    )
     # -- run folder and Hub ---------------------------------------------------------------------------------
     overwrite_output_dir: bool = hyperparameter(
         False,

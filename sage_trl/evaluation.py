@@ -8,7 +8,6 @@ a better model.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,7 +18,17 @@ from sage_env.env import sample
 from sage_env.models import SamplingDefaults
 from sage_env.rewards import CompositeReward
 
-__all__ = ["WORLD_MEASURES", "EvaluationResult", "evaluate_policy", "summary_table", "world_measures"]
+__all__ = [
+    "EVAL_REWARD_PREFIX",
+    "WORLD_MEASURES",
+    "EvaluationResult",
+    "evaluate_policy",
+    "evaluation_metrics",
+    "world_measures",
+]
+
+EVAL_REWARD_PREFIX = "eval_reward/"
+"""Names of the evaluation rewards' components (and their ``total``) in an `EvaluationResult` and its metrics."""
 
 
 @dataclass
@@ -40,9 +49,12 @@ class EvaluationResult:
     total: torch.Tensor
     videos: torch.Tensor
     measures: dict[str, torch.Tensor] = field(default_factory=dict)
+    eval_rewards: dict[str, torch.Tensor] = field(default_factory=dict)
+    """``{f"{EVAL_REWARD_PREFIX}{component}": (N,)}``: the evaluation rewards (logged, never optimised), with their
+    ``total``; their own names, so a component the training reward shares (``vq`` of two toy rewards) stays apart."""
 
     def _values(self) -> dict[str, torch.Tensor]:
-        return {**self.components, "total": self.total, **self.measures}
+        return {**self.components, "total": self.total, **self.eval_rewards, **self.measures}
 
     def means(self) -> dict[str, float]:
         """Mean of every component, of the total and of every measure over the valid videos."""
@@ -68,13 +80,15 @@ def evaluate_policy(
     negative_prompt: str | None = None,
     batch_size: int = 16,
     measure: Callable[[torch.Tensor, list[str]], dict[str, torch.Tensor]] | None = None,
+    eval_reward: CompositeReward | None = None,
 ) -> EvaluationResult:
     """Sample one video per (prompt, seed) deterministically (ODE steps of `sage_env.env.sample`) and score it.
 
     The same prompts and seeds give the same starting noise, so results before and after training are
     directly comparable. ``sampling``: the run's size, steps, shift, guidance and frame rate, each unset one the
     backbone's default, as in rollouts. ``measure(videos, prompts) -> {name: (N,)}`` adds measurements beside the
-    reward (`world_measures` for the toy world).
+    reward (`world_measures` for the toy world); ``eval_reward`` scores the same videos with rewards that are
+    logged and never optimised (`EvaluationResult.eval_rewards`).
     """
     if len(prompts) != len(seeds):
         raise ValueError(f"Need one seed per prompt, got {len(prompts)} prompts and {len(seeds)} seeds.")
@@ -92,6 +106,7 @@ def evaluate_policy(
     ]
     rewards = [trajectory.rewards for trajectory in parts]
     videos = torch.cat([trajectory.videos.cpu() for trajectory in parts])
+    fps = (sampling or backbone.sampling_defaults).filled_from(backbone.sampling_defaults).fps
     return EvaluationResult(
         prompts=list(prompts),
         seeds=list(seeds),
@@ -99,7 +114,29 @@ def evaluate_policy(
         total=torch.cat([r.total for r in rewards]),
         videos=videos,
         measures=measure(videos, list(prompts)) if measure is not None else {},
+        eval_rewards=_eval_reward_scores(eval_reward, videos, list(prompts), fps) if eval_reward is not None else {},
     )
+
+
+def _eval_reward_scores(
+    eval_reward: CompositeReward, videos: torch.Tensor, prompts: list[str], fps: float
+) -> dict[str, torch.Tensor]:
+    """Every component of ``eval_reward`` and its weighted total (NaN where it failed), named for the results."""
+    scored = eval_reward(videos, prompts, fps=fps)
+    values = {**scored.components, "total": scored.total}
+    return {f"{EVAL_REWARD_PREFIX}{name}": scores.float().cpu() for name, scores in values.items()}
+
+
+def evaluation_metrics(result: EvaluationResult, prefix: str = "eval") -> dict[str, float]:
+    """The logged metrics of an evaluation, named the transformers way (``<prefix>_...``, which its trackers show
+    under ``<prefix>/``): ``reward/<component>`` and ``reward/total`` for the training reward (the names of the
+    training rollouts' ``reward/...``), ``eval_reward/...`` for the evaluation rewards, ``world/<measure>`` for the
+    toy world's measures (docs/runs.md)."""
+    means = result.means()
+    names = {name: f"reward/{name}" for name in [*result.components, "total"]}
+    names.update({name: name for name in result.eval_rewards})
+    names.update({name: f"world/{name}" for name in result.measures})
+    return {f"{prefix}_{metric}": means[name] for name, metric in names.items()}
 
 
 WORLD_MEASURES = {
@@ -115,19 +152,3 @@ def world_measures(videos: torch.Tensor, prompts: list[str]) -> dict[str, torch.
 
     report = gold_report(videos, prompts)
     return {"world_distance": report.distance, "object_area_ratio": report.area_ratio}
-
-
-def summary_table(before: EvaluationResult, after: EvaluationResult) -> str:
-    """Markdown table: mean +- std per component (and measure) before and after, and the change."""
-    before_means, after_means = before.means(), after.means()
-    before_stds, after_stds = before.stds(), after.stds()
-    lines = ["| component | before | after | change |", "|---|---|---|---|"]
-    for name in [*sorted(before.components), "total", *before.measures]:
-        change = after_means[name] - before_means[name]
-        sign = "+" if change >= 0 or math.isnan(change) else ""
-        lines.append(
-            f"| {name} | {before_means[name]:.4f} ± {before_stds[name]:.4f} | "
-            f"{after_means[name]:.4f} ± {after_stds[name]:.4f} | {sign}{change:.4f} |"
-        )
-    legend = [f"- `{name}`: {WORLD_MEASURES[name]}" for name in before.measures if name in WORLD_MEASURES]
-    return "\n".join(lines + (["", *legend] if legend else []))

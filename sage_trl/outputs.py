@@ -20,6 +20,7 @@ from sage_trl.run_folder.writes import guarded_write
 __all__ = [
     "MetricsFileCallback",
     "StatusCallback",
+    "log_video_to_tensorboard",
     "plot_reward_curves",
     "save_comparison_gif",
     "save_video_gif",
@@ -32,6 +33,10 @@ _STATUS_KEYS = (
     ("loss", "loss"),
     ("clip_fraction", "clip"),
 )
+
+
+_NOT_REWARDS = ("reward/invalid_count", "reward/total_std", "reward/failed_calls")
+"""Logged under ``reward/`` but counts or spreads, not rewards: neither a component in the status line nor a reward curve."""
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -108,7 +113,7 @@ def format_status(
     components = [
         (k.split("/", 1)[1], v)
         for k, v in logs.items()
-        if k.startswith("reward/") and k not in ("reward/total", "reward/total_std", "reward/invalid_count")
+        if k.startswith("reward/") and k != "reward/total" and k not in _NOT_REWARDS
     ]
     for key, label in _STATUS_KEYS:
         value = logs.get(key)
@@ -125,26 +130,34 @@ def format_status(
     return " | ".join(parts)
 
 
+def _points(records: list[dict[str, Any]], name: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float)) and math.isfinite(r[name])]
+
+
 def plot_reward_curves(metrics_path: str | os.PathLike, output_dir: str | os.PathLike) -> list[Path]:
-    """One PNG per reward component (``reward_<name>.png``) from a metrics JSONL file; returns the paths."""
+    """One PNG per reward component (``reward_<name>.png``) from a metrics JSONL file: the training rollouts'
+    reward per step and, where the run evaluated during training, the held-out evaluations' (``eval_reward/...``)
+    as marked points. Returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
-    not_components = ("reward/invalid_count", "reward/total_std")
-    names = sorted({k for r in records for k in r if k.startswith("reward/") and k not in not_components})
+    names = sorted({k for r in records for k in r if k.startswith("reward/") and k not in _NOT_REWARDS})
     written = []
     for name in names:
-        points = [(r["step"], r[name]) for r in records if name in r and math.isfinite(r[name])]
+        points, evaluations = _points(records, name), _points(records, f"eval_{name}")
         if not points:
             continue
         figure, axis = plt.subplots(figsize=(5, 3.2))
-        axis.plot(*zip(*points), marker=".")
+        axis.plot(*zip(*points), marker=".", label="training rollouts")
+        if evaluations:
+            axis.plot(*zip(*evaluations), marker="o", linestyle="--", label="held-out evaluation")
+            axis.legend(fontsize="small")
         axis.set_xlabel("optimizer step")
         axis.set_ylabel(name)
-        axis.set_title(f"{name} of the training rollouts")
+        axis.set_title(f"{name} of the training rollouts" + (" and held-out videos" if evaluations else ""))
         axis.grid(alpha=0.3)
         figure.tight_layout()
         path = Path(output_dir) / f"{name.replace('/', '_')}.png"
@@ -163,36 +176,105 @@ def _frames_uint8(videos: torch.Tensor, scale: int) -> np.ndarray:
     return frames.cpu().numpy()
 
 
+_LINE_HEIGHT = 12
+"""Height in pixels of a line of text (PIL's default bitmap font is 11 pixels tall)."""
+
+
+def _label_strip(text: str, width: int, lines: int = 1) -> np.ndarray:
+    """A white ``(lines * _LINE_HEIGHT + 2, width, 3)`` strip with ``text`` in black, wrapped at words onto at
+    most ``lines`` lines, the last cut with an ellipsis if it does not fit."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    strip = Image.new("RGB", (width, lines * _LINE_HEIGHT + 2), "white")
+    draw, font = ImageDraw.Draw(strip), ImageFont.load_default()
+    words, rows = text.split(), []
+    while words and len(rows) < lines:
+        row = words.pop(0)
+        while words and draw.textlength(f"{row} {words[0]}", font=font) <= width - 4:
+            row = f"{row} {words.pop(0)}"
+        rows.append(row)
+    if words:  # what did not fit
+        rows[-1] = f"{rows[-1]} {' '.join(words)}"
+        while len(rows[-1]) > 1 and draw.textlength(rows[-1] + "…", font=font) > width - 4:
+            rows[-1] = rows[-1][:-1]
+        rows[-1] += "…"
+    for index, row in enumerate(rows):
+        draw.text((2, 1 + index * _LINE_HEIGHT), row, fill="black", font=font)
+    return np.asarray(strip)
+
+
 def save_video_gif(
     videos: torch.Tensor,
     path: str | os.PathLike,
     fps: float = 8.0,
     scale: int = 4,
     columns: int | None = None,
+    row_labels: list[str] | None = None,
+    column_labels: list[str] | None = None,
 ) -> Path:
-    """Tile ``(N, F, 3, H, W)`` videos into one animated GIF (``columns`` per row, all N by default)."""
+    """Tile ``(N, F, 3, H, W)`` videos into one animated GIF (``columns`` per row, all N by default), with an
+    optional text strip above each row (``row_labels``, one per row) and a header over the columns
+    (``column_labels``)."""
     frames = _frames_uint8(videos, scale)
     count, num_frames, height, width, _ = frames.shape
     columns = columns or count
     rows = math.ceil(count / columns)
+    if row_labels is not None and len(row_labels) != rows:
+        raise ValueError(f"row_labels needs one label per row ({rows}), got {len(row_labels)}.")
     gap = max(scale // 2, 1)
-    canvas = np.full(
-        (num_frames, rows * (height + gap) - gap, columns * (width + gap) - gap, 3), 255, np.uint8
-    )
+    canvas_width = columns * (width + gap) - gap
+    label = 2 * _LINE_HEIGHT + 2 if row_labels is not None else 0
+    header = _LINE_HEIGHT + 2 if column_labels is not None else 0
+    canvas = np.full((num_frames, header + rows * (label + height + gap) - gap, canvas_width, 3), 255, np.uint8)
+    for column, text in enumerate(column_labels or []):
+        canvas[:, :header, column * (width + gap) : column * (width + gap) + width] = _label_strip(text, width)
+    for row, text in enumerate(row_labels or []):
+        top = header + row * (label + height + gap)
+        canvas[:, top : top + label] = _label_strip(text, canvas_width, lines=2)
     for index in range(count):
         row, column = divmod(index, columns)
-        top, left = row * (height + gap), column * (width + gap)
+        top, left = header + row * (label + height + gap) + label, column * (width + gap)
         canvas[:, top : top + height, left : left + width] = frames[index]
     return write_video(torch.from_numpy(canvas).permute(0, 3, 1, 2), path, fps)
 
 
 def save_comparison_gif(
-    before: torch.Tensor, after: torch.Tensor, path: str | os.PathLike, fps: float = 8.0, scale: int = 4
+    before: torch.Tensor,
+    after: torch.Tensor,
+    path: str | os.PathLike,
+    fps: float = 8.0,
+    scale: int = 4,
+    labels: list[str] | None = None,
 ) -> Path:
-    """An animated grid with one row per video: before training on the left, after on the right."""
+    """An animated grid with one row per video: before training on the left, after on the right, under a
+    "before | after" header; ``labels`` (one per video, e.g. its prompt and seed) above each row."""
     if before.shape != after.shape:
         raise ValueError(
             f"before {tuple(before.shape)} and after {tuple(after.shape)} must have the same shape."
         )
     interleaved = torch.stack([before, after], dim=1).flatten(0, 1)
-    return save_video_gif(interleaved, path, fps=fps, scale=scale, columns=2)
+    return save_video_gif(
+        interleaved, path, fps=fps, scale=scale, columns=2, row_labels=labels, column_labels=["before", "after"]
+    )
+
+
+def log_video_to_tensorboard(callbacks: list[Any], tag: str, gif_path: str | os.PathLike, step: int) -> bool:
+    """Show an animated GIF in TensorBoard's Images tab under ``tag`` at ``step``, through the writer of
+    transformers' `TensorBoardCallback` among ``callbacks`` (``report_to`` tensorboard). TensorBoard plays a GIF
+    image summary as a video; it is what ``SummaryWriter.add_video`` writes, without needing moviepy to encode it
+    again. Returns False when no TensorBoard writer is open (nothing to do)."""
+    from PIL import Image
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from transformers.integrations import TensorBoardCallback
+
+    writers = [c.tb_writer for c in callbacks if isinstance(c, TensorBoardCallback) and c.tb_writer is not None]
+    if not writers:
+        return False
+    encoded = Path(gif_path).read_bytes()
+    with Image.open(gif_path) as image:
+        width, height = image.size
+    picture = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=encoded)
+    for writer in writers:
+        writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=picture)]), step)
+        writer.flush()
+    return True

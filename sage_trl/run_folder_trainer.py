@@ -118,8 +118,14 @@ class RunFolderTrainerMixin:
             self.save_model(self.args.output_dir, _internal_call=True)
             if self.is_world_process_zero():
                 summary = {k: v for k, v in output.metrics.items() if isinstance(v, (int, float))}
+                stopped = getattr(self, "stopped_by_alarm", None)
+                if stopped is not None:
+                    summary["stopped_by_alarm"] = stopped.line()
                 RunFolder(self.args.output_dir).mark_complete(
-                    self.state.global_step, self.state.max_steps, **summary
+                    self.state.global_step,
+                    self.state.max_steps,
+                    status="finished" if stopped is None else "stopped_on_alarm",
+                    **summary,
                 )
 
     def _survivor(self) -> str:

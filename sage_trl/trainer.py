@@ -33,8 +33,11 @@ from sage_env.env import BackbonePolicy, Trajectory, run_episode
 from sage_env.rewards import CompositeReward, RewardFailureMonitor
 from sage_trl import _trl_compat
 from sage_trl import training_setup as setup
+from sage_trl.alarm_callback import AlarmCallback
+from sage_trl.alarms import Alarm
 from sage_trl.config import SageGRPOConfig
 from sage_trl.distributed import check_launch, parameters_outside, release_process_group_at_exit
+from sage_trl.evaluation_trainer import EvaluationTrainerMixin
 from sage_trl.experts import EXPERT_METRICS, expert_groups, expert_parameter_groups, routed_to
 from sage_trl.lora import add_lora
 from sage_trl.model_facts import check_model_facts
@@ -62,7 +65,7 @@ class _AlgorithmCallback(TrainerCallback):
         self.trainer._after_optimizer_step()
 
 
-class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
+class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTrainerMixin, GRPOTrainer):
     """Trainer for RL post-training of flow-matching text-to-video models (SAGE-GRPO by default).
 
     Args:
@@ -73,11 +76,14 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
             ``args.reward_preset``.
         args: a `SageGRPOConfig`.
         train_dataset: a `datasets.Dataset` with a ``prompt`` column, or a list of prompt strings.
-        eval_dataset: not supported yet (pass None).
+        eval_dataset: held-out prompts in the same forms, sampled once per ``args.eval_seeds`` seed by ``evaluate``
+            (``args.eval_strategy="steps"`` with ``eval_steps``: during training; `EvaluationTrainerMixin`).
         callbacks: extra `transformers.TrainerCallback` objects.
         optimizers: ``(optimizer, lr_scheduler)`` as in `transformers.Trainer`.
         peft_config: a ``peft.LoraConfig`` to train a LoRA adapter (targets default to the backbone's); full
             fine-tuning when None.
+        eval_reward_funcs: evaluation rewards in the forms of ``reward_funcs`` (their own default weights):
+            scored on the held-out videos at every evaluation and logged (``eval_eval_reward/...``), never optimised.
 
     ``processing_class``, ``reward_processing_classes``, ``tools``, ``rollout_func``, ``environment_factory`` and
     ``quantization_config`` are accepted for signature compatibility with `GRPOTrainer` and raise when set.
@@ -103,15 +109,14 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
         tools: Any = None,
         rollout_func: Any = None,
         environment_factory: Any = None,
+        eval_reward_funcs: Callable | Sequence[Callable] | CompositeReward | None = None,
     ) -> None:
         setup.refuse_unsupported_arguments(locals())
-        if eval_dataset is not None:
-            raise ValueError(
-                "eval_dataset is not supported yet; evaluate held-out prompts with sage_trl.evaluation.evaluate_policy."
-            )
         args = args if args is not None else SageGRPOConfig(output_dir="sage-grpo-output")
         if not isinstance(args, SageGRPOConfig):
             raise ValueError(f"args must be a SageGRPOConfig, got {type(args).__name__}.")
+        setup.check_evaluation_inputs(args, eval_dataset)
+        eval_dataset = setup.prompt_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         set_seed(args.seed)  # the adapter's random init must follow the run's seed
         train_dataset = setup.prompt_dataset(train_dataset)
         self._load_backbone(model, args, peft_config, train_dataset["prompt"])
@@ -122,6 +127,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
         # TRL's seed seeds the timestep selection, as it seeds the rollouts (resume and --seed reproduce runs).
         self.algorithm: Algorithm = ALGORITHM_CLASSES[args.algorithm](algorithm_config, seed=args.seed)
         self.reward = setup.composite_reward(reward_funcs, args)
+        self.eval_reward = setup.evaluation_reward(eval_reward_funcs)
         self.dataset_name: str | None = train_dataset.info.dataset_name
         _trl_compat.make_config_reportable(self.backbone.transformer)
         if args.ddp_find_unused_parameters is None:  # every parameter reaches the loss (sage_trl.distributed)
@@ -132,6 +138,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
             args=args,
             data_collator=_trl_compat.grpo_data_collator,
             train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
             callbacks=callbacks,
             optimizers=optimizers,
         )
@@ -170,6 +177,9 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, GRPOTrainer):
         # Under DDP: the trainable parameters the loss does not reach (found on the first loss).
         self._unreached: list[torch.nn.Parameter] | None = None
         self.add_callback(_AlgorithmCallback(self))
+        self.alarms: list[Alarm] = []  # the alarms that fired (sage_trl.alarms), kept by AlarmCallback
+        self.stopped_by_alarm: Alarm | None = None
+        self.add_callback(AlarmCallback(self))
         if self.is_world_process_zero():
             self.add_callback(MetricsFileCallback(os.path.join(args.output_dir, layout.METRICS_FILE)))
         if self.accelerator.num_processes > 1:

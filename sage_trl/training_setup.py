@@ -23,10 +23,12 @@ from sage_trl import activation_offload
 
 __all__ = [
     "TEXT_ENCODER_NAMES",
+    "check_evaluation_inputs",
     "check_expert_launch",
     "check_video_size",
     "composite_reward",
     "enable_memory_savers",
+    "evaluation_reward",
     "expert_options",
     "load_training_backbone",
     "parked_while_encoding",
@@ -143,21 +145,39 @@ def composite_reward(reward_funcs: Any, config: Any) -> CompositeReward:
     return CompositeReward(reward_funcs, config.reward_weights_for_composite())
 
 
-def prompt_dataset(train_dataset: Any) -> Dataset:
-    """A `datasets.Dataset` with a ``prompt`` column, or a list of prompts made into one."""
-    if train_dataset is None:
+def check_evaluation_inputs(config: Any, eval_dataset: Any) -> None:
+    """Before the model loads: an evaluation schedule (``eval_strategy``, ``eval_on_start``) needs held-out prompts."""
+    strategy = getattr(config.eval_strategy, "value", config.eval_strategy)
+    if (strategy != "no" or config.eval_on_start) and eval_dataset is None:
         raise ValueError(
-            "train_dataset is required: a datasets.Dataset with a 'prompt' column or a list of prompts."
+            f"eval_strategy={strategy!r} (eval_on_start={config.eval_on_start}) evaluates held-out prompts during "
+            "training, and there are none: pass eval_dataset (a list of prompts, or a Dataset with a 'prompt' "
+            "column), or set eval_strategy to 'no' and eval_on_start to False."
         )
-    if isinstance(train_dataset, Dataset):
-        if "prompt" not in train_dataset.column_names:
-            raise ValueError(f"train_dataset needs a 'prompt' column, it has {train_dataset.column_names}.")
-        return train_dataset
-    prompts = list(train_dataset)
+
+
+def evaluation_reward(eval_reward_funcs: Any) -> CompositeReward | None:
+    """The evaluation rewards as one `CompositeReward` with its own default weights (None when there are none)."""
+    if eval_reward_funcs is None or isinstance(eval_reward_funcs, CompositeReward):
+        return eval_reward_funcs
+    funcs = [eval_reward_funcs] if callable(eval_reward_funcs) or isinstance(eval_reward_funcs, str) else eval_reward_funcs
+    return CompositeReward(list(funcs)) if funcs else None
+
+
+def prompt_dataset(dataset: Any, name: str = "train_dataset") -> Dataset:
+    """A `datasets.Dataset` with a ``prompt`` column, or a list of prompts made into one (``name``: the argument's,
+    for errors)."""
+    if dataset is None:
+        raise ValueError(f"{name} is required: a datasets.Dataset with a 'prompt' column or a list of prompts.")
+    if isinstance(dataset, Dataset):
+        if "prompt" not in dataset.column_names:
+            raise ValueError(f"{name} needs a 'prompt' column, it has {dataset.column_names}.")
+        return dataset
+    if isinstance(dataset, str):
+        raise ValueError(f"{name} is one string; pass a list of prompts (or a Dataset with a 'prompt' column).")
+    prompts = list(dataset)
     if not prompts or not all(isinstance(p, str) and p for p in prompts):
-        raise ValueError(
-            "train_dataset must be a non-empty list of prompt strings or a Dataset with 'prompt'."
-        )
+        raise ValueError(f"{name} must be a non-empty list of prompt strings or a Dataset with 'prompt'.")
     return Dataset.from_dict({"prompt": prompts})
 
 

@@ -285,6 +285,8 @@ def test_sage_train_into_an_existing_run_changes_nothing(
 # -- SageGRPOConfig from Python: values the command line cannot even express -------------------------------------
 
 CONFIG_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"eval_seeds": [0, -1]}, "eval_seeds"),
+    ({"eval_seeds": []}, "eval_seeds"),
     ({"sde_window": "0,5"}, "sde_window"),
     ({"sde_window": [0.5, 2]}, "sde_window"),
     ({"sde_window": [0, 2, 4]}, "sde_window"),
@@ -362,7 +364,8 @@ def test_valid_edge_values_are_accepted(kwargs: dict[str, Any], tmp_path: Path) 
 SCRIPT_CASES: list[tuple[dict[str, Any], str]] = [
     ({"reward": "toy"}, "reward"),
     ({"reward": []}, "reward"),
-    ({"eval_seeds": [0, -1]}, "eval_seeds"),
+    ({"eval_reward": "toy"}, "eval_reward"),
+    ({"eval_reward": ["videoalign:"]}, "names no checkpoint"),
     ({"use_peft": "yes"}, "use_peft"),
     ({"lora_r": True}, "lora_r"),
     ({"lora_dropout": 1.0}, "lora_dropout"),

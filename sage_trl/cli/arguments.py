@@ -42,6 +42,14 @@ class TrainScriptArguments:
             hint="e.g. --reward toy, or reward: [toy] in YAML",
         ),
     )
+    eval_reward: list[str] = hyperparameter(
+        [],
+        "Evaluation rewards: scored on the held-out videos at every evaluation and logged (eval_eval_reward/...; "
+        "TensorBoard: eval/eval_reward/...), never optimised; the same forms as reward (e.g. VideoAlign's heads or the toy world's reward while training on "
+        "another). A score the training reward does not see shows what optimising the reward did to the rest "
+        "(docs/runs.md).",
+        ListOf(Text(max_length=4096), max_length=64, hint="e.g. --eval_reward toy"),
+    )
     dataset_name: str = hyperparameter(
         "toy",
         "Training prompts: 'toy', a text file (one prompt per line), or a datasets name/folder with a "
@@ -51,14 +59,12 @@ class TrainScriptArguments:
     dataset_split: str = hyperparameter("train", "Split of a datasets dataset.", Text(max_length=256))
     eval_prompts: str = hyperparameter(
         "toy",
-        "Held-out prompts for the before/after evaluation: 'toy', a text file, or 'none'.",
+        "Held-out prompts, evaluated before and after training and at every eval_steps with eval_strategy steps: "
+        "'toy', a text file, or 'none'.",
         Text(max_length=4096),
     )
     num_eval_prompts: int = hyperparameter(
         8, "How many held-out prompts to evaluate (0: no evaluation).", Integer(0, 10_000)
-    )
-    eval_seeds: list[int] = hyperparameter(
-        [0, 1], "Seeds per held-out prompt.", ListOf(Integer(0, 2**31 - 1), min_length=1, max_length=256)
     )
     use_peft: bool = hyperparameter(True, "Train a LoRA adapter (False: full fine-tuning).", Flag())
     lora_r: int = hyperparameter(8, "LoRA rank (with use_peft).", Integer(1, 4096))
@@ -102,7 +108,7 @@ class TrainScriptArguments:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        for spec in self.reward:
+        for spec in [*self.reward, *self.eval_reward]:
             _check_reward_spec(spec)
         if not self.use_peft:
             defaults = {f.name: f.default for f in fields(self)}

@@ -113,13 +113,11 @@ def resolve_train_prompts(name: str, split: str, toy_grammar: bool = False) -> A
     return dataset
 
 
-def resolve_eval_prompts(
-    name: str, count: int, seeds: Sequence[int], toy_grammar: bool = False
-) -> tuple[list[str], list[int]]:
-    """Held-out ``(prompts, seeds)``: the first ``count`` prompts, each with every seed (none for ``"none"`` or
-    ``count == 0``); a ``count`` larger than the prompts available is an error."""
+def resolve_eval_prompts(name: str, count: int, toy_grammar: bool = False) -> list[str]:
+    """The held-out prompts: the first ``count`` (none for ``"none"`` or ``count == 0``); a ``count`` larger than
+    the prompts available is an error. Each is sampled once per ``eval_seeds`` seed."""
     if name == "none" or count == 0:
-        return [], []
+        return []
     if name == "toy":
         from sage_env.toy.world import TOY_EVAL_PROMPTS
 
@@ -131,5 +129,4 @@ def resolve_eval_prompts(
             f"num_eval_prompts is {count} but eval_prompts {name} holds {len(prompts)} prompts; pass "
             f"--num_eval_prompts {len(prompts)} or fewer."
         )
-    prompts = prompts[:count]
-    return [p for p in prompts for _ in seeds], [s for _ in prompts for s in seeds]
+    return prompts[:count]

@@ -1,4 +1,5 @@
-"""``sage-train``: train, evaluate before and after on held-out prompts, and write the run folder.
+"""``sage-train``: train (evaluating on held-out prompts on ``eval_strategy``'s schedule), evaluate before and after
+training, and write the run folder.
 
 The order protects the user's data: every argument is parsed and validated, the rewards and prompts are
 resolved and the run folder's plan is made (`sage_trl.run_folder.plan_start`: another run there, a missing
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from transformers.trainer_utils import IntervalStrategy
 
 from sage_trl.cli.arguments import TrainScriptArguments
 from sage_trl.cli.parsing import parse_train_arguments
@@ -46,33 +48,6 @@ def resume_argument(value: str | bool | None) -> str | bool | None:
     if lowered in _FALSE:
         return None
     return str(value)
-
-
-def _evaluate(trainer: Any, prompts: list[str], seeds: list[int]) -> Any:
-    """The held-out evaluation; on the toy world it carries the world's gold measurements beside the reward."""
-    from sage_env.toy.world import parse_prompt
-    from sage_trl.evaluation import evaluate_policy, world_measures
-
-    args = trainer.args
-    toy = trainer.pipeline_class == "toy" and _all_parse(prompts, parse_prompt)
-    return evaluate_policy(
-        trainer.backbone,
-        trainer.reward,
-        prompts,
-        seeds,
-        args.sampling(),
-        negative_prompt=args.negative_prompt,
-        measure=world_measures if toy else None,
-    )
-
-
-def _all_parse(prompts: list[str], parse: Any) -> bool:
-    try:
-        for prompt in prompts:
-            parse(prompt)
-    except ValueError:
-        return False
-    return True
 
 
 def resolved_config(script_args: TrainScriptArguments, config: Any) -> dict[str, Any]:
@@ -114,7 +89,7 @@ class PreparedRun:
     rewards: list[Any]
     train_prompts: Any
     eval_prompts: list[str]
-    eval_seeds: list[int]
+    eval_rewards: list[Any]
 
 
 def prepare_training(script_args: TrainScriptArguments, config: Any) -> PreparedRun:
@@ -133,12 +108,19 @@ def prepare_training(script_args: TrainScriptArguments, config: Any) -> Prepared
         check_resume(start.checkpoint, config, script_args.peft_config())
     check_model_facts(config, script_args.peft_config())
     rewards = [resolve_reward(spec, offload=config.reward_offload) for spec in script_args.reward]
-    toy_grammar = bool({"toy", "toy_hackable"} & set(script_args.reward))  # toy rewards read the toy grammar
+    eval_rewards = [resolve_reward(spec, offload=config.reward_offload) for spec in script_args.eval_reward]
+    # toy rewards read the toy grammar
+    toy_grammar = bool({"toy", "toy_hackable"} & {*script_args.reward, *script_args.eval_reward})
     train_prompts = resolve_train_prompts(script_args.dataset_name, script_args.dataset_split, toy_grammar)
-    eval_prompts, eval_seeds = resolve_eval_prompts(
-        script_args.eval_prompts, script_args.num_eval_prompts, script_args.eval_seeds, toy_grammar
-    )
-    return PreparedRun(script_args, config, start, rewards, train_prompts, eval_prompts, eval_seeds)
+    eval_prompts = resolve_eval_prompts(script_args.eval_prompts, script_args.num_eval_prompts, toy_grammar)
+    if not eval_prompts and (config.eval_strategy != "no" or config.eval_on_start):
+        # The toy preset evaluates every 5 steps; --num_eval_prompts 0 (or --eval_prompts none) means no evaluation.
+        print(
+            f"No held-out prompts (eval_prompts {script_args.eval_prompts!r}, num_eval_prompts "
+            f"{script_args.num_eval_prompts}): no evaluation during training (eval_strategy no)."
+        )
+        config.eval_strategy, config.eval_on_start = IntervalStrategy.NO, False
+    return PreparedRun(script_args, config, start, rewards, train_prompts, eval_prompts, eval_rewards)
 
 
 def execute_training(run: PreparedRun) -> dict[str, Any]:
@@ -197,6 +179,8 @@ def _build_trainer(run: PreparedRun) -> Any:
         run.rewards,
         args=run.config,
         train_dataset=run.train_prompts,
+        eval_dataset=run.eval_prompts or None,
+        eval_reward_funcs=run.eval_rewards or None,
         peft_config=run.script_args.peft_config(),
         callbacks=[StatusCallback()],
     )
@@ -206,9 +190,9 @@ def _build_trainer(run: PreparedRun) -> Any:
 
 def _train_and_evaluate(trainer: Any, run: PreparedRun) -> dict[str, Any]:
     config = trainer.args
-    before = _evaluate(trainer, run.eval_prompts, run.eval_seeds) if run.eval_prompts else None
+    before = trainer.held_out_evaluation() if run.eval_prompts else None
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-    summary = _finish_outputs(trainer, Path(config.output_dir), before, run.eval_prompts, run.eval_seeds)
+    summary = _finish_outputs(trainer, Path(config.output_dir), before)
     if config.push_to_hub:
         trainer.push_to_hub()
     return summary
@@ -222,39 +206,59 @@ def _quiet_trainer_printing(trainer: Any) -> None:
     trainer.remove_callback(PrinterCallback)
 
 
-def _finish_outputs(
-    trainer: Any, output_dir: Path, before: Any, prompts: list[str], seeds: list[int]
-) -> dict:
-    from sage_trl.evaluation import summary_table
-    from sage_trl.outputs import plot_reward_curves, save_comparison_gif
+def _finish_outputs(trainer: Any, output_dir: Path, before: Any) -> dict:
+    """The after evaluation, then (main process) the curves, ``eval_results.json``, the labelled before/after GIF
+    and ``summary.md`` (`sage_trl.report`, from what the folder now records); returns the held-out summary."""
+    from sage_trl.outputs import plot_reward_curves
 
-    if trainer.is_world_process_zero() and (output_dir / layout.METRICS_FILE).is_file():
+    summary = _held_out_summary(before, trainer.held_out_evaluation()) if before is not None else {}
+    if not trainer.is_world_process_zero():
+        return summary
+    if (output_dir / layout.METRICS_FILE).is_file():
         plot_reward_curves(output_dir / layout.METRICS_FILE, output_dir)
-    if before is None:
-        return {}
-    after = _evaluate(trainer, prompts, seeds)
-    summary = {
+    survived = "the trained model and training_complete.json are already written"
+    with guarded_write("the run's report", output_dir, survived=survived):
+        if summary:
+            _write_held_out(trainer, output_dir, summary)
+        _write_report(output_dir)
+    return {key: value for key, value in summary.items() if key != "videos"}
+
+
+def _held_out_summary(before: Any, after: Any) -> dict[str, Any]:
+    return {
         "before": before.means(),
         "after": after.means(),
         "before_std": before.stds(),
         "after_std": after.stds(),
-        "prompts": prompts,
-        "seeds": seeds,
+        "prompts": before.prompts,
+        "seeds": before.seeds,
+        "videos": (before.videos, after.videos),
     }
-    if trainer.is_world_process_zero():
-        table = summary_table(before, after)
-        survived = "the trained model and training_complete.json are already written"
-        with guarded_write("the held-out evaluation", output_dir, survived=survived):
-            RunFolder(output_dir).record(layout.SUMMARY_FILE, layout.EVAL_RESULTS_FILE, layout.SAMPLES_FILE)
-            (output_dir / layout.SUMMARY_FILE).write_text(
-                f"# Held-out evaluation (deterministic sampling)\n\n{table}\n"
-            )
-            (output_dir / layout.EVAL_RESULTS_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-            fps = trainer.backbone.default_fps
-            save_comparison_gif(before.videos, after.videos, output_dir / layout.SAMPLES_FILE, fps=fps)
-        print(f"\nHeld-out reward, {len(prompts)} videos (before -> after training):\n{table}\n")
-        print(f"Outputs written to {output_dir}")
-    return summary
+
+
+def _write_held_out(trainer: Any, output_dir: Path, summary: dict[str, Any]) -> None:
+    from sage_trl.outputs import save_comparison_gif
+    from sage_trl.report import held_out_table
+
+    RunFolder(output_dir).record(layout.EVAL_RESULTS_FILE, layout.SAMPLES_FILE)
+    results = {key: value for key, value in summary.items() if key != "videos"}
+    (output_dir / layout.EVAL_RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+    labels = [f"{prompt} (seed {seed})" for prompt, seed in zip(summary["prompts"], summary["seeds"])]
+    before, after = summary["videos"]
+    save_comparison_gif(before, after, output_dir / layout.SAMPLES_FILE, fps=trainer.backbone.default_fps, labels=labels)
+    print(f"\nHeld-out reward, {len(labels)} videos (before -> after training):\n{held_out_table(results)}\n")
+
+
+def _write_report(output_dir: Path) -> None:
+    from sage_trl.report import run_report
+    from sage_trl.run_folder import read_run
+
+    RunFolder(output_dir).record(layout.SUMMARY_FILE)
+    record = read_run(output_dir)
+    (output_dir / layout.SUMMARY_FILE).write_text(run_report(record))
+    for alarm in record.alarms:
+        print(alarm.line())
+    print(f"Outputs written to {output_dir} (the report: {layout.SUMMARY_FILE})")
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:

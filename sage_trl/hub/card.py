@@ -306,6 +306,8 @@ def render_model_card(
         **_usage_context(run, base_model),
         **_reward_context(run),
         **_metrics_context(run),
+        "alarm_lines": [alarm.line() for alarm in run.alarms],
+        "stopped_by_alarm": (run.completion or {}).get("stopped_by_alarm"),
     }
     template = files("sage_trl").joinpath("templates", TEMPLATE_FILE).read_text(encoding="utf-8")
     card = ModelCard.from_template(_card_data(run, base_model, license), template_str=template, **context)

@@ -153,7 +153,7 @@ def build_upload_folder(
             if check_inside(run.directory, source).is_file():
                 _place(source, staging / source.relative_to(run.directory), link)
     (staging / layout.CONFIG_FILE).write_bytes(_redacted_config(run.directory / layout.CONFIG_FILE))
-    optional = [layout.METRICS_FILE, layout.EVAL_RESULTS_FILE, layout.SUMMARY_FILE, *run.curves]
+    optional = [layout.METRICS_FILE, layout.ALARMS_FILE, layout.EVAL_RESULTS_FILE, layout.SUMMARY_FILE, *run.curves]
     for name in [*optional, *([run.samples] if run.samples else [])]:
         if (run.directory / name).is_file():
             _place(run.directory / name, staging / name, link)

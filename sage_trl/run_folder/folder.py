@@ -93,7 +93,10 @@ class RunFolder:
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The records of ``metrics.jsonl`` (empty when there is none); a truncated last line is skipped."""
-        path = self.path / layout.METRICS_FILE
+        return self._read_records(layout.METRICS_FILE)
+
+    def _read_records(self, name: str) -> list[dict[str, Any]]:
+        path = self.path / name
         if not path.is_file():
             return []
         records = []
@@ -136,21 +139,41 @@ class RunFolder:
         record_entries(self.path, *names)
 
     def truncate_metrics(self, step: int) -> int:
-        """Keep the records of steps ``<= step`` (and drop a partial line); returns how many were dropped."""
-        path = self.path / layout.METRICS_FILE
+        """Keep the records of steps ``<= step`` in ``metrics.jsonl`` and ``alarms.jsonl`` (and drop a partial
+        line); returns how many metric records were dropped."""
+        self._truncate_records(layout.ALARMS_FILE, step)
+        return self._truncate_records(layout.METRICS_FILE, step)
+
+    def _truncate_records(self, name: str, step: int) -> int:
+        path = self.path / name
         if not path.is_file():
             return 0
-        records = self.read_metrics()
+        records = self._read_records(name)
         kept = [r for r in records if not isinstance(r.get("step"), int) or r["step"] <= step]
         staging = path.with_name(path.name + ".tmp")
         staging.write_text("".join(json.dumps(record) + "\n" for record in kept))
         os.replace(staging, path)
         return len(records) - len(kept)
 
-    def mark_complete(self, global_step: int, max_steps: int | None, **summary: Any) -> Path:
-        """Write ``training_complete.json``: the run finished (the last file a run writes)."""
+    def truncate_eval_samples(self, step: int) -> int:
+        """Delete the evaluation videos of steps ``> step`` (this library's, in `layout.EVAL_SAMPLES_FOLDER`): a
+        resumed run evaluates those steps again. Returns how many were deleted."""
+        folder = self.path / layout.EVAL_SAMPLES_FOLDER
+        if layout.EVAL_SAMPLES_FOLDER not in self.entries() or not folder.is_dir():
+            return 0
+        later = [p for p in folder.iterdir() if (layout.eval_samples_step(p.name) or -1) > step and p.is_file()]
+        for path in later:
+            path.unlink()
+        return len(later)
+
+    def mark_complete(
+        self, global_step: int, max_steps: int | None, status: str = "finished", **summary: Any
+    ) -> Path:
+        """Write ``training_complete.json``: the run finished (the last file a run writes). ``status``:
+        ``finished``, or ``stopped_on_alarm`` (``stop_on_alarm``: not finished, so it resumes from its last
+        checkpoint)."""
         record = {
-            "status": "finished",
+            "status": status,
             "global_step": int(global_step),
             "max_steps": max_steps,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

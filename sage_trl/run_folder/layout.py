@@ -17,10 +17,12 @@ from sage_env.backbones.wan import LORA_WEIGHT_NAMES
 from sage_env.backbones.wan_experts import EXPERT_NAMES
 
 __all__ = [
+    "ALARMS_FILE",
     "CHECKPOINT_PATTERN",
     "COMPLETE_FILE",
     "CONFIG_FILE",
     "EVAL_RESULTS_FILE",
+    "EVAL_SAMPLES_FOLDER",
     "EXPERT_2_FOLDER",
     "EXPERT_2_LORA_WEIGHT_NAME",
     "HUB_DRY_RUN_FOLDER",
@@ -41,6 +43,8 @@ __all__ = [
     "TRANSFORMER_FOLDER",
     "checkpoint_name",
     "checkpoint_step",
+    "eval_samples_name",
+    "eval_samples_step",
     "is_run_entry",
 ]
 
@@ -60,10 +64,16 @@ RUN_CONFIG_FILE = "run_config.yaml"
 """``sage-train``'s resolved arguments (training config and script arguments), re-usable with ``--config``."""
 METRICS_FILE = "metrics.jsonl"
 """One JSON line per logged optimizer step, each step exactly once (cut back to the checkpoint on resume)."""
+ALARMS_FILE = "alarms.jsonl"
+"""One JSON line per alarm that fired during training (`sage_trl.alarms`), cut back to the checkpoint on resume."""
 COMPLETE_FILE = "training_complete.json"
 """Written last: the run finished (``global_step`` of ``max_steps``); only a complete run can be pushed."""
 EVAL_RESULTS_FILE = "eval_results.json"
 """``sage-train``'s held-out evaluation before and after training."""
+EVAL_SAMPLES_FOLDER = "eval_samples"
+"""The held-out videos of every evaluation during training (``eval_strategy``): one GIF per evaluation, named by
+`eval_samples_name`, a row per prompt and a column per seed."""
+_EVAL_SAMPLES_PATTERN = re.compile(r"^(\w+)-step-(\d+)\.gif$")
 SUMMARY_FILE = "summary.md"
 """The held-out evaluation as a markdown table."""
 SAMPLES_FILE = "samples_before_after.gif"
@@ -99,10 +109,12 @@ RUN_FILES: tuple[str, ...] = (
     CONFIG_FILE,
     RUN_CONFIG_FILE,
     METRICS_FILE,
+    ALARMS_FILE,
     COMPLETE_FILE,
     EVAL_RESULTS_FILE,
     SUMMARY_FILE,
     SAMPLES_FILE,
+    EVAL_SAMPLES_FOLDER,
     TRAINER_STATE_FILE,
     HUB_DRY_RUN_FOLDER,
 )
@@ -118,6 +130,17 @@ def checkpoint_step(name: str) -> int | None:
     """The step of a ``checkpoint-N`` folder name, None for any other name."""
     match = CHECKPOINT_PATTERN.match(name)
     return int(match.group(1)) if match else None
+
+
+def eval_samples_name(prefix: str, step: int) -> str:
+    """``eval-step-000040.gif``: the videos of the evaluation logged with ``prefix`` at ``step``."""
+    return f"{prefix}-step-{step:06d}.gif"
+
+
+def eval_samples_step(name: str) -> int | None:
+    """The step of an `eval_samples_name`, None for any other name."""
+    match = _EVAL_SAMPLES_PATTERN.match(name)
+    return int(match.group(2)) if match else None
 
 
 def is_run_entry(name: str) -> bool:

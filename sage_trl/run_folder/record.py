@@ -16,6 +16,7 @@ from typing import Any
 
 from safetensors import safe_open
 
+from sage_trl.alarms import Alarm, read_alarms
 from sage_trl.run_folder import layout
 from sage_trl.run_folder.folder import RunFolder, RunFolderError
 
@@ -44,7 +45,10 @@ class RunRecord:
         samples: file name of the before/after sample GIF, when written.
         global_step: optimizer steps trained, when known.
         max_steps: the planned number of optimizer steps, when known.
-        complete: the run finished (``training_complete.json``).
+        complete: the run ended and saved its model (``training_complete.json``; `completion` says how).
+        completion: ``training_complete.json``'s record (``status`` ``finished`` or ``stopped_on_alarm``,
+            ``train_runtime``, ...), when written.
+        alarms: the alarms that fired during training (``alarms.jsonl``, `sage_trl.alarms`).
         second_expert: both Wan 2.2 A14B experts trained (``expert: both``): the low-noise expert's adapter
             (`layout.EXPERT_2_LORA_WEIGHT_NAME`) or model folder (`layout.EXPERT_2_FOLDER`) is there too.
     """
@@ -63,6 +67,8 @@ class RunRecord:
     max_steps: int | None = None
     complete: bool = False
     second_expert: bool = False
+    completion: dict[str, Any] | None = None
+    alarms: list[Alarm] = field(default_factory=list)
 
     @property
     def is_lora(self) -> bool:
@@ -208,4 +214,6 @@ def read_run(directory: str | os.PathLike) -> RunRecord:
         global_step=global_step,
         max_steps=max_steps,
         complete=(directory / layout.COMPLETE_FILE).is_file(),
+        completion=RunFolder(directory).completion(),
+        alarms=read_alarms(directory / layout.ALARMS_FILE),
     )

@@ -90,6 +90,7 @@ class RunStart:
                 )
             if self.checkpoint is not None and self.finished is None:
                 self.folder.truncate_metrics(self.checkpoint_step)
+                self.folder.truncate_eval_samples(self.checkpoint_step)
                 (self.folder.path / layout.COMPLETE_FILE).unlink(missing_ok=True)
         except BaseException:
             self.end()

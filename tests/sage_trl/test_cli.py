@@ -82,11 +82,14 @@ def test_reward_specs() -> None:
 
 
 def test_eval_prompts_pair_every_prompt_with_every_seed(tmp_path: Path) -> None:
+    from sage_trl.evaluation_trainer import held_out_pairs
+
     prompts_file = tmp_path / "prompts.txt"
     prompts_file.write_text("a cat\n\na dog\na cow\n")
-    prompts, seeds = cli.resolve_eval_prompts(str(prompts_file), 2, [0, 1])
+    assert cli.resolve_eval_prompts(str(prompts_file), 2) == ["a cat", "a dog"]
+    assert cli.resolve_eval_prompts("none", 8) == []
+    prompts, seeds = held_out_pairs(["a cat", "a dog"], [0, 1])
     assert prompts == ["a cat", "a cat", "a dog", "a dog"] and seeds == [0, 1, 0, 1]
-    assert cli.resolve_eval_prompts("none", 8, [0]) == ([], [])
 
 
 def test_sage_train_default_run_writes_the_output_folder(tmp_path: Path) -> None:
@@ -132,7 +135,7 @@ def test_sage_train_default_run_writes_the_output_folder(tmp_path: Path) -> None
     toy_world = {"world_distance", "object_area_ratio"}  # the gold measurements beside the toy reward
     assert set(results["before"]) == {"vq", "mq", "ta", "total", *toy_world} and len(results["prompts"]) == 2
     summary = (out / "summary.md").read_text()
-    assert "| total |" in summary and "| world_distance |" in summary
+    assert "| **total (overall)** |" in summary and "| world_distance |" in summary
 
 
 def test_the_run_config_is_a_valid_config_file(tmp_path: Path) -> None:
@@ -145,3 +148,49 @@ def test_the_run_config_is_a_valid_config_file(tmp_path: Path) -> None:
     written.write_text(yaml.safe_dump(resolved_config(script_args, config)))
     again_script, again = cli.parse_train_arguments(["--config", str(written)])
     assert again.to_dict() == config.to_dict() and again_script == script_args
+
+
+def test_sage_train_evaluates_on_the_schedule_with_evaluation_rewards(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Train on the hackable toy reward, evaluate every step with the toy world's own reward beside it."""
+    from tests.sage_trl.test_run_folder_rules import TOY_SMALL
+
+    out = tmp_path / "run"
+    flags = ["--reward", "toy_hackable", "--eval_reward", "toy", "--eval_strategy", "steps", "--eval_steps", "1"]
+    assert cli.train_main(["--output_dir", str(out), *TOY_SMALL, *flags]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if "eval_reward/total" in r]
+    assert [r["step"] for r in evaluations] == [0, 1, 2]  # the toy preset evaluates on start
+    assert {"eval_eval_reward/vq", "eval_eval_reward/total", "eval_world/world_distance"} <= set(evaluations[0])
+    assert sorted(p.name for p in (out / "eval_samples").iterdir()) == [f"eval-step-00000{i}.gif" for i in range(3)]
+    summary = (out / "summary.md").read_text()
+    assert "| eval_reward/total |" in summary and "| world_distance |" in summary
+    # The last scheduled evaluation and the "after" evaluation are the same sampling of the same model.
+    after = json.loads((out / "eval_results.json").read_text())["after"]
+    assert after["total"] == pytest.approx(evaluations[-1]["eval_reward/total"], abs=1e-6)
+    assert after["eval_reward/total"] == pytest.approx(evaluations[-1]["eval_eval_reward/total"], abs=1e-6)
+    # The report says what ran, what each head measures, the overall score, the evaluation points and the alarms.
+    for text in (
+        "# Run summary: SAGE-GRPO on `toy`", "trained a LoRA adapter (rank 8) of `toy` for 2 of 2 optimizer steps in",
+        "| vq | 0.5 | visual quality: a background without noise", "| **total (overall)** |", "| eval_reward/total |",
+        "## Evaluations during training", "| step | reward/total | eval_reward/total | world/world_distance |",
+        "## Alarms",
+    ):  # fmt: skip
+        assert text in summary, text
+    # The before/after GIF: a header (before | after) and a label strip over each row (prompt and seed).
+    from PIL import Image
+
+    with Image.open(out / "samples_before_after.gif") as gif:
+        width, height = gif.size
+    assert (width, height) == (2 * 64 + 2, 14 + 1 * (26 + 64 + 2) - 2)  # one held-out video, 16 px x 4
+
+
+def test_sage_train_without_held_out_prompts_evaluates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from tests.sage_trl.test_run_folder_rules import TOY_SMALL
+
+    out = tmp_path / "run"
+    assert cli.train_main(["--output_dir", str(out), *TOY_SMALL, "--num_eval_prompts", "0", "--eval_steps", "1"]) == 0
+    assert "no evaluation during training (eval_strategy no)" in capsys.readouterr().out
+    assert not any("eval_reward/total" in line for line in (out / "metrics.jsonl").read_text().splitlines())
+    assert not (out / "eval_samples").exists()

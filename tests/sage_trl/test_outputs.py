@@ -41,3 +41,24 @@ def test_status_callback_reports_wall_clock_per_step_not_phase_timers(monkeypatc
     callback.on_train_end(None, state, None)
     assert lines[0].endswith("| 2.0 s/step")
     assert lines[1].endswith("| 1.5 s/step")
+
+
+def test_reward_curves_mark_the_held_out_evaluations_and_leave_out_counters(tmp_path) -> None:
+    import json
+
+    from PIL import Image, ImageChops
+
+    records = [
+        {"step": 1, "reward/total": 1.0, "reward/failed_calls": 0.0, "reward/invalid_count": 0.0},
+        {"step": 2, "reward/total": 1.2, "reward/failed_calls": 1.0, "reward/invalid_count": 0.0},
+        {"step": 2, "eval_reward/total": 1.1},
+    ]
+    with_evaluations, without = tmp_path / "with", tmp_path / "without"
+    for folder, lines in ((with_evaluations, records), (without, records[:2])):
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        written = outputs.plot_reward_curves(folder / "metrics.jsonl", folder)
+        assert [p.name for p in written] == ["reward_total.png"]  # no curve of a failure counter
+    pictures = [Image.open(folder / "reward_total.png").convert("RGB") for folder in (with_evaluations, without)]
+    assert ImageChops.difference(*pictures).getbbox() is not None  # the evaluation point and legend are drawn
+    assert "failed_calls" not in format_status(2, 2, records[1])

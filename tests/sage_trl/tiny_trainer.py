@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig
+from transformers import TrainerCallback
 
 from sage_trl import SageGRPOConfig, SageGRPOTrainer
 from tests.doubles import LinearBackbone, mean_brightness
@@ -53,3 +54,21 @@ def make_trainer(tmp_path: Path, reward=mean_brightness, peft: bool = True, **kw
 
 def named_params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+class Interrupt(TrainerCallback):
+    """Stops a run as a kill would, with ``KeyboardInterrupt`` at optimizer step ``step``: once that step is done
+    (``after="step"``) or once its evaluation was logged and written (``after="evaluation"``)."""
+
+    def __init__(self, step: int, after: str = "step") -> None:
+        self.step, self.after = step, after
+
+    def _interrupt(self, state, event: str) -> None:
+        if state.global_step == self.step and event == self.after:
+            raise KeyboardInterrupt(f"interrupted after the {event} of step {self.step}")
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        self._interrupt(state, "step")
+
+    def on_evaluate(self, args, state, control, **kwargs) -> None:
+        self._interrupt(state, "evaluation")

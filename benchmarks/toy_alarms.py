@@ -1,0 +1,198 @@
+"""The alarms (`sage_trl.alarms`) on the toy world over seeds: does the divergence alarm see reward hacking coming,
+and does the default run stay quiet?
+
+    python -m benchmarks.toy_alarms --seeds 0,1,2,3,4,5,6,7,8,9 --workers 2
+
+Two kinds of ``sage-train`` runs per seed, each its own process with one torch thread (``--workers`` at a time),
+into ``--runs``/<kind>/seed-<N>:
+
+* ``hackable``: trained on the hackable toy reward (``--reward toy_hackable``, a proxy RL games by drawing larger
+  objects), evaluated every 2 steps with the toy world's reward as the evaluation reward (``--eval_reward toy``);
+  the gold score is the toy world's own measure, the held-out videos' distance to the world's videos, which no
+  reward sees.
+* ``default``: the default ``sage-train --seed N`` (the toy preset, evaluated every 5 steps).
+
+The alarms are replayed from each run's ``metrics.jsonl`` with the library's rules and thresholds
+(`sage_trl.alarms.replay`): the same decisions the run made live, and the ones a changed threshold would make.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks import reporting
+from sage_trl.alarms import default_rules, replay
+
+__all__ = ["KINDS", "closest_component_divergence", "hackable_row", "report"]
+
+KINDS: dict[str, tuple[str, ...]] = {
+    "hackable": ("--reward", "toy_hackable", "--eval_reward", "toy", "--eval_steps", "2"),
+    "default": (),
+}
+"""Each kind of run: the flags it adds to ``sage-train --seed N``."""
+QUICK_FLAGS = ("--max_steps", "2", "--num_eval_prompts", "1", "--eval_seeds", "0", "--eval_steps", "1")
+"""What ``--quick`` adds to every run's command (the test suite's smoke run)."""
+
+
+def _launch(kind: str, seed: int, runs: Path, extra: Sequence[str]) -> Path:
+    run_dir = runs / kind / f"seed-{seed}"
+    if (run_dir / "training_complete.json").is_file():
+        return run_dir  # finished earlier: kept
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    code = "import sys, torch; torch.set_num_threads(1); from sage_trl.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+    command = [sys.executable, "-c", code, "--seed", str(seed), "--output_dir", str(run_dir), *KINDS[kind], *extra]
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{kind} seed {seed} failed:\n{done.stderr[-3000:]}")
+    return run_dir
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _evaluations(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if isinstance(r.get("eval_reward/total"), (int, float))]
+
+
+def hackable_row(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """When the divergence alarm fired, and the proxy and gold scores then and at the end.
+
+    ``lost_fraction``: the share of the gold score's eventual loss (the distance to the world's videos at the end
+    minus at step 0) already lost when the alarm fired; ``proxy_rose_after``: the held-out training reward rose
+    further after the alarm (it fired while the reward still rose)."""
+    evaluations = _evaluations(records)
+    fired = {alarm.name: alarm.step for alarm in replay(records)}
+    step = fired.get("proxy_gold_divergence")
+    at = next((r for r in evaluations if r["step"] == step), None)
+    first, last = evaluations[0], evaluations[-1]
+    distance = "eval_world/world_distance"
+    loss = last[distance] - first[distance]
+    row = {"seed": seed, "step": step, "alarms": sorted(fired), "distance_start": first[distance],
+           "distance_end": last[distance], "proxy_start": first["eval_reward/total"], "proxy_end": last["eval_reward/total"],
+           "gold_start": first["eval_eval_reward/total"], "gold_end": last["eval_eval_reward/total"]}  # fmt: skip
+    if at is not None:
+        row.update(
+            distance_at=at[distance],
+            proxy_at=at["eval_reward/total"],
+            gold_at=at["eval_eval_reward/total"],
+            lost_fraction=(at[distance] - first[distance]) / loss if loss > 0 else math.nan,
+            proxy_rose_after=max(r["eval_reward/total"] for r in evaluations if r["step"] > step) > at["eval_reward/total"]
+            if step < last["step"]
+            else False,
+        )
+    return row
+
+
+def closest_component_divergence(records: list[dict[str, Any]]) -> float:
+    """How close the run came to the ``component_divergence`` rule's threshold (it fires above it): over its
+    windows, ``min(rise, fall)`` of two held-out reward components, taken at ``patience`` evaluations in a row (the
+    smallest of them) and maximised over the run."""
+    rule = next(rule for rule in default_rules() if rule.name == "component_divergence")
+    evaluations = _evaluations(records)
+    per_window = []
+    for end in range(rule.window, len(evaluations)):
+        first, last = evaluations[end - rule.window], evaluations[end]
+        changes = [
+            (last[key] - first[key]) / max(abs(evaluations[0][key]), 1.0)
+            for key in last
+            if key.startswith("eval_reward/") and key != "eval_reward/total"
+        ]
+        per_window.append(min(max(changes), -min(changes)) if changes else 0.0)
+    runs = [min(per_window[i : i + rule.patience]) for i in range(len(per_window) - rule.patience + 1)]
+    return max([0.0, *runs])
+
+
+def _hackable_section(rows: list[dict[str, Any]]) -> str:
+    fired = [r for r in rows if r["step"] is not None]
+    header = ["seed", "alarm at step", "held-out training reward: start, at the alarm, end",
+              "evaluation reward (toy): start, at the alarm, end",
+              "distance to the world's videos (gold, lower is better): start, at the alarm, end",
+              "share of the gold's loss lost at the alarm", "other alarms"]  # fmt: skip
+    table = [
+        [r["seed"], r["step"] if r["step"] is not None else "did not fire",
+         f"{r['proxy_start']:.4f}, {r.get('proxy_at', math.nan):.4f}, {r['proxy_end']:.4f}",
+         f"{r['gold_start']:.4f}, {r.get('gold_at', math.nan):.4f}, {r['gold_end']:.4f}",
+         f"{r['distance_start']:.4f}, {r.get('distance_at', math.nan):.4f}, {r['distance_end']:.4f}",
+         f"{r.get('lost_fraction', math.nan):.0%}", ", ".join(a for a in r["alarms"] if a != "proxy_gold_divergence") or "none"]
+        for r in rows
+    ]  # fmt: skip
+    steps = sorted(r["step"] for r in fired)
+    lost = [r["lost_fraction"] for r in fired if math.isfinite(r["lost_fraction"])]
+    reading = (
+        f"The divergence alarm fired in {len(fired)} of {len(rows)} seeds"
+        + (
+            f", at steps {steps[0]} to {steps[-1]} (median {steps[len(steps) // 2]}) of 40; the held-out training "
+            f"reward rose further after it in {sum(bool(r['proxy_rose_after']) for r in fired)} of {len(fired)}; "
+            f"when it fired the gold score had lost at most {max(lost):.0%} (median {sorted(lost)[len(lost) // 2]:.0%}) "
+            f"of what it lost by the end"
+            if fired and lost
+            else ""
+        )
+        + "."
+    )
+    return "\n\n".join([reporting.markdown_table(header, table), reading])
+
+
+def _default_section(seeds: Sequence[int], runs: Path) -> str:
+    rows, quiet = [], 0
+    for seed in seeds:
+        records = _records(runs / "default" / f"seed-{seed}")
+        alarms = replay(records)
+        quiet += not alarms
+        training = [r for r in records if "reward/total" in r]
+        rows.append([
+            seed, ", ".join(f"{a.name} (step {a.step})" for a in alarms) or "none",
+            f"{closest_component_divergence(records):.4f}",
+            f"{max(r.get('diagnostics/on_policy_ratio_deviation', 0.0) for r in training):.2g}",
+            f"{max(r.get('frac_groups_without_signal', 0.0) for r in training):.2f}",
+        ])  # fmt: skip
+    header = ["seed", "alarms", "closest component divergence (fires above the threshold)",
+              "largest on-policy ratio deviation", "largest fraction of groups without signal"]  # fmt: skip
+    reading = f"No alarm fired in {quiet} of {len(seeds)} default runs."
+    return "\n\n".join([reporting.markdown_table(header, rows), reading])
+
+
+def report(runs: Path, seeds: Sequence[int]) -> str:
+    """The markdown of both kinds of runs over ``seeds``."""
+    rules = ", ".join(f"`{r.name}` {r.threshold:g} over {r.window}" for r in default_rules())
+    method = (
+        f"Runs: `sage-train --seed N` with the hackable flags ({' '.join(KINDS['hackable'])}) or none, 40 optimizer "
+        "steps each; the alarms replayed from each run's metrics.jsonl with the library's rules (threshold over "
+        f"window: {rules}). With {len(seeds)} seeds, an alarm that never fired in the default runs fires in fewer "
+        f"than {1 - 0.05 ** (1 / len(seeds)):.0%} of such runs (95% one-sided bound)."
+    )
+    rows = [hackable_row(seed, _records(runs / "hackable" / f"seed-{seed}")) for seed in seeds]
+    return "\n\n".join(
+        [method, "Hackable toy reward (reward hacking):", _hackable_section(rows),
+         "The default run (false alarms):", _default_section(seeds, runs)]
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = reporting.benchmark_parser(__doc__)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--workers", type=int, default=2, help="runs at once, one torch thread each")
+    parser.add_argument("--runs", type=Path, default=Path("toy_alarm_runs"), help="the runs' folders")
+    context = reporting.start_benchmark("toy_alarms", parser, argv)
+    arguments = context.arguments
+    seeds = [int(seed) for seed in arguments.seeds.split(",")]
+    extra = QUICK_FLAGS if context.quick else ()
+    cells = [(kind, seed) for seed in seeds for kind in KINDS]
+    with ThreadPoolExecutor(arguments.workers) as pool:
+        list(pool.map(lambda cell: _launch(*cell, arguments.runs, extra), cells))
+    body = "\n\n".join(["## Alarms on the toy world", context.provenance(), report(arguments.runs, seeds)])
+    reporting.write_section(context.output, "toy_alarms", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()

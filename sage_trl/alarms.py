@@ -1,0 +1,258 @@
+"""Alarms: failure seen coming during training, from the metrics a run logs (docs/runs.md, "Alarms").
+
+Each alarm is a rule over the history of logged records (the training steps' and the held-out evaluations',
+`sage_trl.evaluation_trainer`), so the same rules run live (`AlarmMonitor`, fed by `sage_trl.alarm_callback`) and
+replayed over a finished run's ``metrics.jsonl`` (`replay`), which is how their thresholds were chosen (the
+measurements are in docs/runs.md). A rule fires at most once per run; it applies only where its metrics are
+logged, so a likelihood-free algorithm (no importance ratio, no KL term) gets the alarms of its rewards.
+
+| alarm | fires when | likely cause |
+|---|---|---|
+| ``proxy_gold_divergence`` | over the last evaluations the training reward of the held-out videos rose while an evaluation reward fell | reward hacking |
+| ``component_divergence`` | over the last evaluations one component of the training reward rose while another fell | the reward's weights favour one head |
+| ``off_policy_ratio`` | the importance ratio where it must be 1 is not | dropout, train-mode modules, dtype or batching differing between rollout and training, a non-deterministic kernel |
+| ``groups_without_signal`` | most groups had identical rewards over the last steps | a saturated or constant reward |
+| ``kl_spike`` | the KL to the anchor jumped far above its recent level | a too-large step |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ALARM_RULES", "Alarm", "AlarmMonitor", "AlarmRule", "read_alarms", "replay"]
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """One alarm that fired: its rule's ``name``, the ``step`` it fired at, what was seen (``message``) and the
+    likely cause with what to try (``advice``)."""
+
+    name: str
+    step: int
+    message: str
+    advice: str
+
+    def line(self) -> str:
+        """The one-line warning: ``ALARM <name> at step <step>: <message> <advice>``."""
+        return f"ALARM {self.name} at step {self.step}: {self.message} {self.advice}"
+
+
+@dataclass
+class AlarmRule:
+    """A rule over the logged records.
+
+    Args:
+        name: the alarm's name.
+        threshold: the value the rule compares with (its meaning is the rule's); the default is measured.
+        window: how many records (steps or evaluations) the rule looks back over.
+        check: ``check(rule, history) -> (message, advice) | None``.
+        applies: ``applies(record) -> bool``: the records the rule reads (training steps or evaluations).
+        patience: how many of those records in a row must meet the rule before it fires (a noisy evaluation
+            meets it once by chance more often than twice).
+        explain: for ``off_policy_ratio``: names the causes the library can see (`sage_trl.alarm_callback`).
+    """
+
+    name: str
+    threshold: float
+    window: int
+    check: Callable[[AlarmRule, list[Record]], tuple[str, str] | None]
+    applies: Callable[[Record], bool]
+    patience: int = 1
+    explain: Callable[[], str] | None = field(default=None, repr=False)
+
+
+# -- the rules ----------------------------------------------------------------------------------------------------
+
+
+def _is_evaluation(record: Record) -> bool:
+    return isinstance(record.get("eval_reward/total"), (int, float))
+
+
+def _is_training_step(record: Record) -> bool:
+    return isinstance(record.get("reward/total"), (int, float))
+
+
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _proxy_gold(rule: AlarmRule, evaluations: list[Record]) -> tuple[str, str] | None:
+    """Over the last ``window`` evaluations the training reward of the held-out videos rose while an evaluation
+    reward (its total or a component) fell by more than ``threshold`` (relative, as in `_changes`)."""
+    if len(evaluations) <= rule.window:
+        return None
+    first, last = evaluations[-rule.window - 1], evaluations[-1]
+    if not last["eval_reward/total"] > first["eval_reward/total"]:
+        return None
+    changes = _changes(evaluations, rule.window, "eval_eval_reward/")
+    falling = [key for key, change in changes.items() if change < -rule.threshold]
+    if not falling:
+        return None
+    key = min(falling, key=changes.get)
+    message = (
+        f"over the last {rule.window} evaluations the training reward of the held-out videos rose "
+        f"({first['eval_reward/total']:.4g} -> {last['eval_reward/total']:.4g}) while {key.removeprefix('eval_')} "
+        f"fell ({first[key]:.4g} -> {last[key]:.4g})."
+    )
+    advice = (
+        "Reward hacking is likely: the policy raises the reward in a way the evaluation reward does not "
+        "credit. Look at eval_samples/; keep the checkpoint of the best evaluation; raise the KL (beta) or "
+        "lower the learning rate; add what the evaluation reward measures to the training reward."
+    )
+    return message, advice
+
+
+def _changes(evaluations: list[Record], window: int, prefix: str) -> dict[str, float]:
+    """Each ``prefix`` metric's change over the last ``window`` evaluations, over its first value's magnitude (at
+    least 1, so that small scores compare in absolute terms)."""
+    first, last = evaluations[-window - 1], evaluations[-1]
+    changes = {}
+    for key, value in last.items():
+        if key.startswith(prefix) and isinstance(first.get(key), (int, float)) and math.isfinite(value):
+            scale = max(abs(evaluations[0].get(key, first[key])), 1.0)
+            changes[key] = (value - first[key]) / scale
+    return changes
+
+
+def _component_divergence(rule: AlarmRule, evaluations: list[Record]) -> tuple[str, str] | None:
+    """Over the last ``window`` evaluations one component of the training reward on the held-out videos rose by
+    more than ``threshold`` (relative, as in `_changes`) while another fell by more than ``threshold``."""
+    if len(evaluations) <= rule.window:
+        return None
+    changes = _changes(evaluations, rule.window, "eval_reward/")
+    changes.pop("eval_reward/total", None)
+    rising = [key for key, change in changes.items() if change > rule.threshold]
+    falling = [key for key, change in changes.items() if change < -rule.threshold]
+    if not rising or not falling:
+        return None
+    up, down = max(rising, key=changes.get), min(falling, key=changes.get)
+    first, last = evaluations[-rule.window - 1], evaluations[-1]
+    message = (
+        f"over the last {rule.window} evaluations the held-out {up.removeprefix('eval_reward/')} rose "
+        f"({first[up]:.4g} -> {last[up]:.4g}) while {down.removeprefix('eval_reward/')} fell "
+        f"({first[down]:.4g} -> {last[down]:.4g})."
+    )
+    advice = (
+        "The policy trades one reward head for another: check the component weights (reward_preset, "
+        "reward_component_weights) and look at eval_samples/; a head rising alone is how reward hacking starts."
+    )
+    return message, advice
+
+
+def _off_policy_ratio(rule: AlarmRule, steps: list[Record]) -> tuple[str, str] | None:
+    """``diagnostics/on_policy_ratio_deviation`` above ``threshold`` in each of the last ``window`` records that
+    log it."""
+    values = _finite(record.get("diagnostics/on_policy_ratio_deviation") for record in steps)
+    if len(values) < rule.window or min(values[-rule.window :]) <= rule.threshold:
+        return None
+    message = (
+        f"the importance ratio where it must be 1 (the first minibatch after each rollout) is off by "
+        f"{values[-1]:.2g} on average (diagnostics/on_policy_ratio_deviation, for {rule.window} steps)."
+    )
+    cause = rule.explain() if rule.explain is not None else ""
+    return message, f"The training forward is not the rollout's. {cause}".strip()
+
+
+def _groups_without_signal(rule: AlarmRule, steps: list[Record]) -> tuple[str, str] | None:
+    """The mean of ``frac_groups_without_signal`` over the last ``window`` steps is above ``threshold``."""
+    values = _finite(record.get("frac_groups_without_signal") for record in steps[-rule.window :])
+    if len(values) < rule.window or sum(values) / len(values) <= rule.threshold:
+        return None
+    message = (
+        f"{sum(values) / len(values):.0%} of the groups had identical rewards over the last {rule.window} steps "
+        "(frac_groups_without_signal): they give no advantage and no learning signal."
+    )
+    advice = (
+        "The reward is saturated or constant for these prompts: check the reward (reward/total_std), use harder "
+        "prompts or a finer-grained reward, or raise num_generations."
+    )
+    return message, advice
+
+
+def _kl_spike(rule: AlarmRule, steps: list[Record]) -> tuple[str, str] | None:
+    """``kl/total`` above ``threshold`` times the median of the ``window`` steps before it (which must be above
+    zero: a KL that starts from 0 grows without spiking)."""
+    values = _finite(record.get("kl/total") for record in steps)
+    if len(values) <= rule.window:
+        return None
+    earlier = sorted(values[-rule.window - 1 : -1])
+    median = earlier[len(earlier) // 2]
+    if not median > 0 or values[-1] <= rule.threshold * median:
+        return None
+    message = f"kl/total jumped to {values[-1]:.3g}, {values[-1] / median:.0f} times its median {median:.3g} over the {rule.window} steps before."
+    advice = "The policy moved far from its anchor in one step: lower the learning rate, or raise beta or max_grad_norm's clipping."
+    return message, advice
+
+
+def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[AlarmRule]:
+    """The alarms and their default thresholds (measured: docs/runs.md, "Alarms")."""
+    return [
+        AlarmRule("proxy_gold_divergence", 0.02, 3, _proxy_gold, _is_evaluation, patience=2),
+        AlarmRule("component_divergence", 0.02, 3, _component_divergence, _is_evaluation, patience=2),
+        AlarmRule("off_policy_ratio", 1e-4, 2, _off_policy_ratio, _is_training_step, explain=explain_off_policy),
+        AlarmRule("groups_without_signal", 0.5, 5, _groups_without_signal, _is_training_step),
+        AlarmRule("kl_spike", 20.0, 10, _kl_spike, _is_training_step),
+    ]
+
+
+ALARM_RULES: tuple[str, ...] = tuple(rule.name for rule in default_rules())
+"""The alarms' names, in the order they are checked."""
+
+
+class AlarmMonitor:
+    """Feeds logged records to the rules; each rule fires at most once (`update` returns the new alarms)."""
+
+    def __init__(self, rules: list[AlarmRule] | None = None) -> None:
+        self.rules = rules if rules is not None else default_rules()
+        self.history: list[Record] = []
+        self.fired: list[Alarm] = []
+        self._met = {rule.name: 0 for rule in self.rules}  # records in a row that met each rule
+
+    def update(self, record: Record) -> list[Alarm]:
+        """Add one logged record (with its ``step``) and return the alarms it sets off."""
+        self.history.append(record)
+        new = []
+        done = {alarm.name for alarm in self.fired}
+        for rule in self.rules:
+            if rule.name in done or not rule.applies(record):
+                continue
+            found = rule.check(rule, [r for r in self.history if rule.applies(r)])
+            self._met[rule.name] = self._met[rule.name] + 1 if found is not None else 0
+            if found is not None and self._met[rule.name] >= rule.patience:
+                new.append(Alarm(rule.name, int(record.get("step", 0)), *found))
+        self.fired.extend(new)
+        return new
+
+
+def replay(records: Iterable[Record], rules: list[AlarmRule] | None = None) -> list[Alarm]:
+    """The alarms a run's records (``metrics.jsonl``, in order) set off."""
+    monitor = AlarmMonitor(rules)
+    for record in records:
+        monitor.update(record)
+    return monitor.fired
+
+
+def read_alarms(path: str | Path) -> list[Alarm]:
+    """The alarms of a run folder's alarms file (none when there is none); a truncated last line is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    alarms = []
+    for line in path.read_text().splitlines():
+        try:
+            alarms.append(Alarm(**json.loads(line)))
+        except (ValueError, TypeError):
+            continue
+    return alarms
+
+
+def alarm_json(alarm: Alarm) -> str:
+    """One line of the alarms file."""
+    return json.dumps(asdict(alarm))

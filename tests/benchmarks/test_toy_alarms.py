@@ -1,0 +1,41 @@
+"""``python -m benchmarks.toy_alarms``: the reading of a hackable run (when the divergence alarm fired, how much of
+the gold score was lost by then) on records made by hand, and a smoke run of ``--quick`` through ``sage-train``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import toy_alarms
+from tests.benchmarks.markdown_sections import quick_arguments, section_of
+
+
+def _evaluation(step: int, proxy: float, gold: float, distance: float, vq: float = 0.6) -> dict:
+    return {"step": step, "eval_reward/total": proxy, "eval_reward/vq": vq, "eval_eval_reward/total": gold,
+            "eval_world/world_distance": distance}  # fmt: skip
+
+
+def test_a_hackable_run_is_read_at_its_alarm() -> None:
+    proxy, gold = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6], [1.0, 1.0, 1.0, 0.9, 0.8, 0.7, 0.6]
+    distance = [0.10, 0.10, 0.11, 0.12, 0.14, 0.16, 0.20]
+    records = [_evaluation(2 * i, p, g, d) for i, (p, g, d) in enumerate(zip(proxy, gold, distance))]
+    row = toy_alarms.hackable_row(0, records)
+    assert row["step"] == 8 and row["alarms"] == ["proxy_gold_divergence"]  # two evaluations in a row met the rule
+    assert row["lost_fraction"] == pytest.approx((0.14 - 0.10) / (0.20 - 0.10)) and row["proxy_rose_after"]
+
+
+def test_the_closest_component_divergence_is_the_smaller_of_the_rise_and_the_fall() -> None:
+    records = [{"step": i, "eval_reward/total": 1.0, "eval_reward/vq": 0.5 + 0.01 * i, "eval_reward/ta": 0.9 - 0.005 * i}
+               for i in range(6)]  # fmt: skip
+    assert toy_alarms.closest_component_divergence(records) == pytest.approx(0.015)
+    records[4]["eval_reward/ta"] = 0.9  # one window without a fall: it takes two windows in a row to fire
+    assert toy_alarms.closest_component_divergence(records) == 0.0
+
+
+@pytest.mark.slow
+def test_quick_runs_report_both_kinds(tmp_path: Path) -> None:
+    toy_alarms.main([*quick_arguments(tmp_path), "--seeds", "0", "--runs", str(tmp_path / "runs")])
+    section = section_of(tmp_path / "benchmarks.md", "toy_alarms")
+    assert "Hackable toy reward" in section and "No alarm fired in" in section
+    assert (tmp_path / "runs" / "hackable" / "seed-0" / "training_complete.json").is_file()

@@ -1,0 +1,195 @@
+"""The alarms (`sage_trl.alarms`): each fires for its cause and stays quiet without it, on logged records and
+through `SageGRPOTrainer` (dropout left on, a bf16 rollout with an fp32 training forward, a reward that rewards one
+component only, groups of identical rewards), and ``stop_on_alarm`` ends a run as not finished."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from sage_trl import SageGRPOTrainer
+from sage_trl.alarms import ALARM_RULES, Alarm, read_alarms, replay
+from sage_trl.hub.card import render_model_card
+from sage_trl.report import run_report
+from sage_trl.run_folder import layout, plan_start, read_run
+from tests.doubles import LinearBackbone, mean_brightness
+from tests.sage_trl.tiny_trainer import PROMPTS, Interrupt, lora, make_args
+
+# -- the rules on records ------------------------------------------------------------------------------------------
+
+
+def steps(**series: list[float]) -> list[dict]:
+    """Training records: ``reward/total`` plus each named series, one record per step."""
+    length = len(next(iter(series.values())))
+    return [{"step": i + 1, "reward/total": 1.0, **{k: v[i] for k, v in series.items()}} for i in range(length)]
+
+
+def names(alarms: list[Alarm]) -> list[str]:
+    return [alarm.name for alarm in alarms]
+
+
+def test_proxy_gold_divergence_fires_when_the_gold_falls_while_the_proxy_rises() -> None:
+    proxy = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+    falling_gold = [1.0, 1.0, 1.0, 1.0, 0.85, 0.7]
+    records = [
+        {"step": 5 * i, "eval_reward/total": p, "eval_eval_reward/total": g} for i, (p, g) in enumerate(zip(proxy, falling_gold))
+    ]
+    alarms = replay(records)
+    # Met at step 20 (1.0 -> 0.85 over 3 evaluations) and again at 25: two evaluations in a row fire it.
+    assert names(alarms) == ["proxy_gold_divergence"] and alarms[0].step == 25
+    assert "eval_reward/total fell (1 -> 0.7)" in alarms[0].message and "Reward hacking" in alarms[0].advice
+    rising_gold = [{**r, "eval_eval_reward/total": r["eval_reward/total"]} for r in records]
+    assert replay(rising_gold) == []
+    falling_both = [{**r, "eval_reward/total": 2 - r["eval_reward/total"]} for r in records]
+    assert replay(falling_both) == []  # the proxy fell too: a worse model, not a hacked reward
+
+
+def evaluations(**series: list[float]) -> list[dict]:
+    """Evaluation records, one per series value, 5 steps apart."""
+    length = len(next(iter(series.values())))
+    return [{"step": 5 * i, "eval_reward/total": 1.0, **{k: v[i] for k, v in series.items()}} for i in range(length)]
+
+
+def test_component_divergence_needs_a_clear_rise_and_a_clear_fall() -> None:
+    rise, fall = [0.5, 0.52, 0.55, 0.6, 0.65], [0.9, 0.89, 0.87, 0.85, 0.8]
+    fired = replay(evaluations(**{"eval_reward/vq": rise, "eval_reward/ta": fall}))
+    assert names(fired) == ["component_divergence"] and fired[0].step == 20  # met at 15 and 20
+    assert "vq rose (0.52 -> 0.65)" in fired[0].message and "ta fell (0.89 -> 0.8)" in fired[0].message
+    slight = [0.99, 0.99, 0.988, 0.986, 0.985]  # the default toy run's ta: -0.005 is no divergence
+    assert replay(evaluations(**{"eval_reward/vq": rise, "eval_reward/ta": slight})) == []
+    assert replay(evaluations(**{"eval_reward/vq": rise, "eval_reward/ta": rise})) == []
+
+
+def test_groups_without_signal_and_kl_spikes() -> None:
+    assert names(replay(steps(frac_groups_without_signal=[0.75] * 5))) == ["groups_without_signal"]
+    assert replay(steps(frac_groups_without_signal=[0.75, 0.75, 0.0, 0.75, 0.0, 0.25])) == []  # not most, on average
+    growing = [1e-6 * 1.3**i for i in range(20)]  # a KL that grows from 0 as the policy moves: no spike
+    assert replay(steps(**{"kl/total": [0.0, 0.0, *growing]})) == []
+    spike = replay(steps(**{"kl/total": [*growing, growing[-1] * 40]}))
+    assert names(spike) == ["kl_spike"] and spike[0].step == 21
+
+
+def test_each_alarm_fires_once_and_only_where_its_metrics_are_logged() -> None:
+    constant = steps(frac_groups_without_signal=[1.0] * 12)
+    assert names(replay(constant)) == ["groups_without_signal"]
+    # A likelihood-free algorithm logs no ratio and no KL: those alarms never apply.
+    assert replay(steps(**{"policy_loss": [0.1] * 30})) == []
+    assert set(ALARM_RULES) == {
+        "proxy_gold_divergence", "component_divergence", "off_policy_ratio", "groups_without_signal", "kl_spike",
+    }  # fmt: skip
+
+
+# -- through the trainer -----------------------------------------------------------------------------------------
+
+
+def bright_and_dark(videos: torch.Tensor, prompts: list[str], **kwargs) -> dict[str, torch.Tensor]:
+    """Two components that always move in opposite directions."""
+    brightness = videos.mean(dim=(1, 2, 3, 4))
+    return {"bright": brightness, "dark": 1 - brightness}
+
+
+def bright_twice(videos: torch.Tensor, prompts: list[str], **kwargs) -> dict[str, torch.Tensor]:
+    """Two components that move together."""
+    brightness = videos.mean(dim=(1, 2, 3, 4))
+    return {"bright": brightness, "bright_squared": brightness**2}
+
+
+def constant(videos: torch.Tensor, prompts: list[str], **kwargs) -> torch.Tensor:
+    return torch.ones(videos.shape[0])
+
+
+def train(
+    tmp_path: Path, reward=mean_brightness, lora_dropout: float = 0.0, eval_dataset=None, **settings
+) -> SageGRPOTrainer:
+    adapter = lora()
+    adapter.lora_dropout = lora_dropout
+    settings = {"max_steps": 6, "gradient_accumulation_steps": 1, "steps_per_generation": 1, **settings}
+    trainer = SageGRPOTrainer(
+        LinearBackbone(), reward, args=make_args(tmp_path, **settings), train_dataset=PROMPTS, peft_config=adapter,
+        eval_dataset=eval_dataset,
+    )  # fmt: skip
+    trainer.train()
+    return trainer
+
+
+def test_a_clean_run_raises_no_alarm(tmp_path: Path) -> None:
+    trainer = train(tmp_path, max_steps=24)
+    assert trainer.alarms == [] and not (Path(trainer.args.output_dir) / layout.ALARMS_FILE).exists()
+
+
+def test_dropout_left_on_sets_off_the_ratio_alarm_and_is_named(tmp_path: Path) -> None:
+    trainer = train(tmp_path, lora_dropout=0.5)
+    assert names(trainer.alarms) == ["off_policy_ratio"]
+    assert "Dropout is active" in trainer.alarms[0].advice and "lora_dropout" in trainer.alarms[0].advice
+    written = read_alarms(Path(trainer.args.output_dir) / layout.ALARMS_FILE)
+    assert written == trainer.alarms
+
+
+def test_a_bf16_rollout_with_an_fp32_training_forward_is_named(tmp_path: Path, monkeypatch) -> None:
+    rollout = SageGRPOTrainer._rollout
+
+    def bf16_rollout(self, prompts, seeds):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return rollout(self, prompts, seeds)
+
+    monkeypatch.setattr(SageGRPOTrainer, "_rollout", bf16_rollout)
+    trainer = train(tmp_path)
+    assert names(trainer.alarms) == ["off_policy_ratio"]
+    advice = trainer.alarms[0].advice
+    assert "different precisions" in advice and "autocast torch.bfloat16" in advice and "Dropout" not in advice
+
+
+def test_a_reward_that_rewards_one_component_only_sets_off_the_divergence_alarm(tmp_path: Path) -> None:
+    # The linear test model does not generalise across prompts: its "held-out" prompts are training prompts.
+    held_out = {"eval_dataset": PROMPTS[:2], "eval_strategy": "steps", "eval_steps": 2}
+    settings = {"max_steps": 12, "reward_component_weights": {"bright": 1.0, "dark": 0.0}, **held_out}
+    one_sided = train(tmp_path / "one", bright_and_dark, **settings)
+    assert names(one_sided.alarms) == ["component_divergence"]
+    assert "bright rose" in one_sided.alarms[0].message and "dark fell" in one_sided.alarms[0].message
+    together = train(tmp_path / "together", bright_twice, **{**settings, "reward_component_weights": {"bright": 1.0}})
+    assert together.alarms == []
+
+
+def test_groups_of_identical_rewards_set_off_their_alarm_and_stop_on_alarm_ends_the_run(tmp_path: Path) -> None:
+    trainer = train(tmp_path, constant, max_steps=12, stop_on_alarm=True, save_strategy="steps", save_steps=2)
+    assert names(trainer.alarms) == ["groups_without_signal"] and trainer.state.global_step == 5
+    completion = json.loads((Path(trainer.args.output_dir) / layout.COMPLETE_FILE).read_text())
+    assert completion["status"] == "stopped_on_alarm" and "groups_without_signal" in completion["stopped_by_alarm"]
+    assert math.isfinite(completion["global_step"])
+    # The report and the model card say so, from the run folder's own record.
+    record = read_run(trainer.args.output_dir)
+    assert record.alarms == trainer.alarms and record.completion["status"] == "stopped_on_alarm"
+    report = run_report(record)
+    assert "**Stopped by an alarm**" in report and "- ALARM groups_without_signal at step 5:" in report
+    card = str(render_model_card(record, repo_id="user/run", license="mit"))
+    assert "**Training was stopped by an alarm**" in card and "- ALARM groups_without_signal at step 5:" in card
+    # Not finished: resuming continues from the last checkpoint (here without stopping).
+    assert plan_start(trainer.args.output_dir, resume_from_checkpoint=True, max_steps=12).finished is None
+
+
+def test_the_report_and_card_of_a_run_without_alarms_say_none_fired(tmp_path: Path) -> None:
+    record = read_run(train(tmp_path).args.output_dir)
+    assert "None fired (checked where their metrics were logged: proxy_gold_divergence" in run_report(record)
+    assert "No alarm fired during training" in str(render_model_card(record, repo_id="user/run", license="mit"))
+
+
+def test_a_resumed_run_records_each_alarm_once(tmp_path: Path) -> None:
+    """The alarm fired at step 5, after checkpoint-4, and the run was killed at step 7: the resume cuts
+    alarms.jsonl back to the checkpoint, the alarm fires again at step 5, and the file holds it once."""
+    settings = {"max_steps": 8, "save_strategy": "steps", "save_steps": 4}
+    args = make_args(tmp_path, gradient_accumulation_steps=1, steps_per_generation=1, **settings)
+    interrupted = SageGRPOTrainer(
+        LinearBackbone(), constant, args=args, train_dataset=PROMPTS, peft_config=lora(), callbacks=[Interrupt(7)]
+    )
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    path = Path(args.output_dir) / layout.ALARMS_FILE
+    assert [(a.name, a.step) for a in read_alarms(path)] == [("groups_without_signal", 5)]
+    resumed = SageGRPOTrainer(LinearBackbone(), constant, args=args, train_dataset=PROMPTS, peft_config=lora())
+    resumed.train(resume_from_checkpoint=True)
+    assert [(a.name, a.step) for a in read_alarms(path)] == [("groups_without_signal", 5)]
+    assert resumed.alarms == read_alarms(path)
