@@ -137,6 +137,21 @@ def test_precomputed_prompts_are_encoded_with_only_the_text_encoders_on_the_devi
     assert plan.phases[1].start_bytes >= kinds["transformer weights"].num_bytes  # and are back for the rollout
 
 
+def test_the_encode_batch_saver_traces_as_the_cpu_allocator_counts(tiny_wan_path: Path, tmp_path: Path) -> None:
+    """``prompt_encode_batch_size: 1`` against the real encoding of the same prompts (UMT5, one thread)."""
+    configs, measured = resolve_model_configs(str(tiny_wan_path)), {}
+    for batch_size in (1, 8):
+        config = tiny_config(
+            tiny_wan_path, tmp_path, precompute_prompt_embeddings=True, prompt_encode_batch_size=batch_size
+        )
+        traced = next(p for p in trace_plan(config, tiny_lora(), model_configs=configs).phases if p.name == "encode prompts")
+        real = next(m for m in measure_training_step(load_backbone(str(tiny_wan_path)), config, tiny_lora()) if m.name == "encode prompts")
+        transient = traced.peak_bytes - traced.start_bytes
+        assert (1 - TOLERANCE) * real.transient_bytes <= transient <= real.transient_bytes, batch_size
+        measured[batch_size] = real.transient_bytes
+    assert measured[1] < measured[8]
+
+
 def test_the_prompt_encode_batch_size_bounds_the_traced_encode_phase(tiny_wan_path: Path, tmp_path: Path) -> None:
     configs = resolve_model_configs(str(tiny_wan_path))
 
