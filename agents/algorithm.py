@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from agents import objective
+from agents import diagnostics, objective
 from agents.config import KL_STRATEGIES, AlgorithmConfig
 from agents.references import DisabledAdapters, ParameterSnapshot, initial_model
 from agents.rollout import RolloutShape
@@ -393,14 +393,14 @@ class PolicyGradientAlgorithm(Algorithm):
         log_ratio = out.log_prob.detach() - old_log_prob
         metrics = {
             "policy_loss": policy_loss.detach(),
-            **_clip_metrics(stats),
+            **diagnostics.clip_metrics(stats),
             "ratio_mean": stats["ratio"].mean(),
             "ratio_std": stats["ratio"].std(unbiased=False),
             "kl/approx": 0.5 * (log_ratio**2).mean(),
             "equalizer_weight_mean": batch.weights.mean(),
             "kl/coef": torch.tensor(self.kl_controller.coef),
             **kl_metrics,
-            **_rollout_gap_metrics(out.log_prob.detach(), batch),
+            **diagnostics.rollout_gap_metrics(out.log_prob.detach(), batch.old_log_prob, batch.step_index, batch.on_policy),
         }
         return loss, metrics
 
@@ -470,27 +470,3 @@ class PolicyGradientAlgorithm(Algorithm):
         """Restore `state_dict`."""
         super().load_state_dict(state)
         self.kl_controller.load_state_dict(state["kl_controller"])
-
-
-def _clip_metrics(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Fractions of the pairs whose ratio was clipped: in all, above ``1 + epsilon_high`` and below ``1 - epsilon``
-    (docs/runs.md, "What the metrics mean")."""
-    clipped, ratio = stats["clipped"], stats["ratio"]
-    return {
-        "clip_fraction": clipped.float().mean(),
-        "clip_fraction_high": (clipped & (ratio > 1)).float().mean(),
-        "clip_fraction_low": (clipped & (ratio < 1)).float().mean(),
-    }
-
-
-def _rollout_gap_metrics(log_prob: torch.Tensor, batch: TransitionBatch) -> dict[str, torch.Tensor]:
-    """How far the training forward's log-probabilities are from the rollout's own (docs/runs.md): the mean absolute
-    gap, and before the first optimizer step on a rollout (where the policy *is* the behaviour policy and the
-    importance ratio must be 1) the ratio's mean deviation from 1. Dropout left on, another dtype or batching between
-    rollout and training, or a non-deterministic kernel show here first."""
-    gap = log_prob - batch.old_log_prob
-    metrics = {"diagnostics/log_prob_gap": gap.abs().mean()}
-    if batch.on_policy:
-        metrics["diagnostics/on_policy_ratio_deviation"] = (torch.exp(gap) - 1).abs().mean()
-    return metrics
-

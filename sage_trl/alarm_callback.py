@@ -86,6 +86,8 @@ class AlarmCallback(TrainerCallback):
         self.trainer = trainer
         self.causes = OffPolicyCauses(trainer.backbone.transformer, trainer.args)
         self.monitor = AlarmMonitor(default_rules(self.causes.explain))
+        trainer.alarms: list[Alarm] = []  # the alarms that fired, in order
+        trainer.stopped_by_alarm: Alarm | None = None  # with stop_on_alarm: the one that stopped the run
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # A resumed run: its records up to the checkpoint, replayed without warnings (their alarms were raised).

@@ -157,7 +157,7 @@ def plot_reward_curves(metrics_path: str | os.PathLike, output_dir: str | os.Pat
             axis.legend(fontsize="small")
         axis.set_xlabel("optimizer step")
         axis.set_ylabel(name)
-        axis.set_title(f"{name} of the training rollouts" + (" and held-out videos" if evaluations else ""))
+        axis.set_title(name if evaluations else f"{name} of the training rollouts")  # the legend names both
         axis.grid(alpha=0.3)
         figure.tight_layout()
         path = Path(output_dir) / f"{name.replace('/', '_')}.png"

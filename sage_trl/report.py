@@ -65,7 +65,7 @@ def held_out_table(results: dict[str, Any]) -> str:
     before_std, after_std = results.get("before_std", {}), results.get("after_std", {})
     extra = {"total"} | set(WORLD_MEASURES)
     names = sorted(n for n in before if n not in extra and not n.startswith(EVAL_REWARD_PREFIX))
-    names += ["total", *sorted(n for n in before if n.startswith(EVAL_REWARD_PREFIX))]
+    names += ["total", *sorted((n for n in before if n.startswith(EVAL_REWARD_PREFIX)), key=lambda n: (n.endswith("/total"), n))]
     names += [n for n in WORLD_MEASURES if n in before]
     lines = ["| component | before | after | change |", "|---|---|---|---|"]
     for name in names:

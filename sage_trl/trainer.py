@@ -27,6 +27,7 @@ from transformers.utils import logging
 from trl import GRPOTrainer
 
 from agents import ALGORITHM_CLASSES, Algorithm, References, RolloutShape, ScoredTrajectory
+from agents.diagnostics import PER_STEP_METRICS, PER_STEP_PREFIX, per_step_prefix
 from agents.rollout import samples_with_signal
 from sage_env.backbones import VideoBackbone
 from sage_env.env import BackbonePolicy, Trajectory, run_episode
@@ -34,7 +35,6 @@ from sage_env.rewards import CompositeReward, RewardFailureMonitor
 from sage_trl import _trl_compat
 from sage_trl import training_setup as setup
 from sage_trl.alarm_callback import AlarmCallback
-from sage_trl.alarms import Alarm
 from sage_trl.config import SageGRPOConfig
 from sage_trl.distributed import check_launch, parameters_outside, release_process_group_at_exit
 from sage_trl.evaluation_trainer import EvaluationTrainerMixin
@@ -115,8 +115,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         args = args if args is not None else SageGRPOConfig(output_dir="sage-grpo-output")
         if not isinstance(args, SageGRPOConfig):
             raise ValueError(f"args must be a SageGRPOConfig, got {type(args).__name__}.")
-        setup.check_evaluation_inputs(args, eval_dataset)
-        eval_dataset = setup.prompt_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        eval_dataset = setup.held_out_prompts(args, eval_dataset)
         set_seed(args.seed)  # the adapter's random init must follow the run's seed
         train_dataset = setup.prompt_dataset(train_dataset)
         self._load_backbone(model, args, peft_config, train_dataset["prompt"])
@@ -177,9 +176,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         # Under DDP: the trainable parameters the loss does not reach (found on the first loss).
         self._unreached: list[torch.nn.Parameter] | None = None
         self.add_callback(_AlgorithmCallback(self))
-        self.alarms: list[Alarm] = []  # the alarms that fired (sage_trl.alarms), kept by AlarmCallback
-        self.stopped_by_alarm: Alarm | None = None
-        self.add_callback(AlarmCallback(self))
+        self.add_callback(AlarmCallback(self))  # self.alarms: the alarms that fired; self.stopped_by_alarm
         if self.is_world_process_zero():
             self.add_callback(MetricsFileCallback(os.path.join(args.output_dir, layout.METRICS_FILE)))
         if self.accelerator.num_processes > 1:
@@ -371,6 +368,9 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
             if index < len(chunks) - 1:
                 with self.accelerator.no_sync(model):
                     self.accelerator.backward(weighted)
+        for step in range(self.env.num_steps):  # the same names on every process, whichever steps it trained
+            for name in PER_STEP_METRICS:
+                totals[per_step_prefix(step) + name] += 0.0
         mean_loss = self._record_step_metrics(totals, sum(c[1] for c in chunks), time.perf_counter() - start)
         # The gradient is the last micro-batch's; the value is the step's loss over all processes.
         return weighted + (mean_loss / self.current_gradient_accumulation_steps - float(weighted.detach()))
@@ -451,9 +451,10 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         )
         summed = dict(zip([*names, ""], self.accelerator.reduce(local, "sum").tolist()))
         means = {}
-        for name in names:  # an expert's metrics are means over that expert's pairs
-            expert = "/".join(name.split("/")[:2]) + "/" if name.startswith("expert/") else ""
-            count = summed[expert + "pairs"] if expert else summed[""]
+        for name in names:
+            # an expert's or a denoising step's metrics are means over that expert's or step's pairs
+            scope = "/".join(name.split("/")[:2]) + "/" if name.startswith(("expert/", PER_STEP_PREFIX)) else ""
+            count = summed[scope + "pairs"] if scope else summed[""]
             if count and not name.endswith("/pairs"):
                 means[name] = summed[name] / count
         for name, value in means.items():

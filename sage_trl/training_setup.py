@@ -23,13 +23,13 @@ from sage_trl import activation_offload
 
 __all__ = [
     "TEXT_ENCODER_NAMES",
-    "check_evaluation_inputs",
     "check_expert_launch",
     "check_video_size",
     "composite_reward",
     "enable_memory_savers",
     "evaluation_reward",
     "expert_options",
+    "held_out_prompts",
     "load_training_backbone",
     "parked_while_encoding",
     "pipeline_class_name",
@@ -145,8 +145,9 @@ def composite_reward(reward_funcs: Any, config: Any) -> CompositeReward:
     return CompositeReward(reward_funcs, config.reward_weights_for_composite())
 
 
-def check_evaluation_inputs(config: Any, eval_dataset: Any) -> None:
-    """Before the model loads: an evaluation schedule (``eval_strategy``, ``eval_on_start``) needs held-out prompts."""
+def held_out_prompts(config: Any, eval_dataset: Any) -> Dataset | None:
+    """The held-out prompts as a Dataset (None without), checked before the model loads: an evaluation schedule
+    (``eval_strategy``, ``eval_on_start``) needs them."""
     strategy = getattr(config.eval_strategy, "value", config.eval_strategy)
     if (strategy != "no" or config.eval_on_start) and eval_dataset is None:
         raise ValueError(
@@ -154,6 +155,7 @@ def check_evaluation_inputs(config: Any, eval_dataset: Any) -> None:
             "training, and there are none: pass eval_dataset (a list of prompts, or a Dataset with a 'prompt' "
             "column), or set eval_strategy to 'no' and eval_on_start to False."
         )
+    return prompt_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
 
 
 def evaluation_reward(eval_reward_funcs: Any) -> CompositeReward | None:

@@ -44,3 +44,13 @@ def test_clip_fractions_split_by_side_and_off_policy_steps_show_their_gap(tmp_pa
     off_policy = [r for r in records if "diagnostics/on_policy_ratio_deviation" not in r]
     assert off_policy and max(r["diagnostics/log_prob_gap"] for r in off_policy) > 1e-4
     assert any(r["clip_fraction"] > 0 for r in off_policy)
+
+
+def test_the_log_prob_gap_is_logged_per_denoising_step(tmp_path: Path) -> None:
+    records = train(tmp_path, max_steps=3, num_iterations=2, gradient_accumulation_steps=1, learning_rate=0.5)
+    for record in records:
+        steps = {name: value for name, value in record.items() if name.startswith("diagnostics/step_")}
+        assert steps and all(name.endswith("/log_prob_gap") for name in steps)  # the shares are not logged
+        # Every step's mean over its own pairs: the overall gap lies between the smallest and the largest.
+        assert min(steps.values()) - 1e-9 <= record["diagnostics/log_prob_gap"] <= max(steps.values()) + 1e-9
+    assert any(max(r[n] for n in r if n.startswith("diagnostics/step_")) > 1e-4 for r in records)  # off-policy steps
