@@ -4,6 +4,7 @@ drivers buffer and checkpoint between the rollout and the loss)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 
 from sage_env.env import Trajectory
 
-__all__ = ["RolloutShape", "ScoredTrajectory", "samples_with_signal"]
+__all__ = ["RolloutShape", "ScoredTrajectory", "fraction_of_groups_without_spread", "samples_with_signal"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +74,19 @@ def samples_with_signal(usable: torch.Tensor) -> torch.Tensor:
     """``(N,)`` bool: the samples with a usable entry (``usable`` is ``(N,)``, or ``(N, K)`` per sample and level as
     BranchGRPO's, see `ScoredTrajectory`)."""
     return usable.reshape(len(usable), -1).any(1)
+
+
+def fraction_of_groups_without_spread(total: torch.Tensor, valid: torch.Tensor, group_index: torch.Tensor) -> float:
+    """The fraction of groups whose valid rewards are all equal (or that have fewer than two): whatever the
+    algorithm makes of them, a group without reward spread carries no learning signal (``total``, ``valid`` and
+    ``group_index`` are ``(N,)``)."""
+    groups = int(group_index.max()) + 1 if len(group_index) else 0
+    if groups == 0:
+        return 1.0
+    rewards = total.double()
+    high = torch.full((groups,), -math.inf, dtype=torch.float64, device=total.device)
+    low = torch.full((groups,), math.inf, dtype=torch.float64, device=total.device)
+    high = high.scatter_reduce(0, group_index[valid], rewards[valid], "amax")
+    low = low.scatter_reduce(0, group_index[valid], rewards[valid], "amin")
+    count = torch.zeros(groups, device=total.device).index_add_(0, group_index[valid], torch.ones_like(rewards[valid]).float())
+    return float(((count < 2) | (high == low)).float().mean())

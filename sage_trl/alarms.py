@@ -4,7 +4,7 @@ Each alarm is a rule over the history of logged records (the training steps' and
 `sage_trl.evaluation_trainer`), so the same rules run live (`AlarmMonitor`, fed by `sage_trl.alarm_callback`) and
 replayed over a finished run's ``metrics.jsonl`` (`replay`), which is how their thresholds were chosen (the
 measurements are in docs/runs.md). A rule fires at most once per run; it applies only where its metrics are
-logged, so a likelihood-free algorithm (no importance ratio, no KL term) gets the alarms of its rewards.
+logged, so a likelihood-free algorithm (no importance ratio) gets the other alarms.
 
 | alarm | fires when | likely cause |
 |---|---|---|

@@ -28,7 +28,7 @@ from trl import GRPOTrainer
 
 from agents import ALGORITHM_CLASSES, Algorithm, References, RolloutShape, ScoredTrajectory
 from agents.diagnostics import PER_STEP_METRICS, PER_STEP_PREFIX, per_step_prefix
-from agents.rollout import samples_with_signal
+from agents.rollout import fraction_of_groups_without_spread
 from sage_env.backbones import VideoBackbone
 from sage_env.env import BackbonePolicy, Trajectory, run_episode
 from sage_env.rewards import CompositeReward, RewardFailureMonitor
@@ -297,10 +297,8 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         self._metrics["train"]["advantage_mean_abs"].append(
             float(advantages[usable].abs().mean()) if usable.any() else 0.0
         )
-        signal = samples_with_signal(usable)
-        self._metrics["train"]["frac_groups_without_signal"].append(
-            float((~signal[valid]).float().mean()) if valid.any() else 1.0
-        )
+        without = fraction_of_groups_without_spread(total, valid, group_index)
+        self._metrics["train"]["frac_groups_without_signal"].append(without)
         return advantages[local].to(device), usable[local].to(device)
 
     def _log_rollout_metrics(self, trajectory: Trajectory, rollout_time: float, scoring_time: float) -> None:

@@ -193,3 +193,10 @@ def test_a_resumed_run_records_each_alarm_once(tmp_path: Path) -> None:
     resumed.train(resume_from_checkpoint=True)
     assert [(a.name, a.step) for a in read_alarms(path)] == [("groups_without_signal", 5)]
     assert resumed.alarms == read_alarms(path)
+
+
+def test_a_likelihood_free_algorithm_gets_the_alarms_that_apply(tmp_path: Path) -> None:
+    trainer = train(tmp_path, constant, algorithm="diffusion_nft", max_steps=6)
+    logged = {name for record in trainer.state.log_history for name in record}
+    assert "diagnostics/on_policy_ratio_deviation" not in logged  # no importance ratio: that alarm does not apply
+    assert names(trainer.alarms) == ["groups_without_signal"]  # its rewards still have no spread
