@@ -49,6 +49,7 @@ SECTION_ORDER: tuple[str, ...] = (
     "kl_ablation",
     "off_manifold_drift",
     "toy_algorithms",
+    "toy_alarms",
     "sde_step_overhead",
 )
 """Order of the sections in the markdown file (a new section is inserted at its place in this order)."""

@@ -143,21 +143,34 @@ def _hackable_section(rows: list[dict[str, Any]]) -> str:
 
 
 def _default_section(seeds: Sequence[int], runs: Path) -> str:
-    rows, quiet = [], 0
+    """Each default run's alarms beside its held-out outcome: an alarm on a run whose gold score (the distance to
+    the world's videos) got worse is a true alarm, one on a run that got better a false one."""
+    rows, false_alarms, alarmed, worse = [], 0, 0, 0
     for seed in seeds:
-        records = _records(runs / "default" / f"seed-{seed}")
+        run_dir = runs / "default" / f"seed-{seed}"
+        records, results = _records(run_dir), json.loads((run_dir / "eval_results.json").read_text())
+        change = {name: results["after"][name] - results["before"][name] for name in ("total", "world_distance", "vq", "mq")}
         alarms = replay(records)
-        quiet += not alarms
+        worse += change["world_distance"] > 0
+        alarmed += bool(alarms)
+        false_alarms += bool(alarms) and change["world_distance"] <= 0
         training = [r for r in records if "reward/total" in r]
         rows.append([
             seed, ", ".join(f"{a.name} (step {a.step})" for a in alarms) or "none",
+            f"{change['total']:+.4f}", f"{change['vq']:+.4f} / {change['mq']:+.4f}", f"{change['world_distance']:+.4f}",
             f"{closest_component_divergence(records):.4f}",
             f"{max(r.get('diagnostics/on_policy_ratio_deviation', 0.0) for r in training):.2g}",
             f"{max(r.get('frac_groups_without_signal', 0.0) for r in training):.2f}",
         ])  # fmt: skip
-    header = ["seed", "alarms", "closest component divergence (fires above the threshold)",
-              "largest on-policy ratio deviation", "largest fraction of groups without signal"]  # fmt: skip
-    reading = f"No alarm fired in {quiet} of {len(seeds)} default runs."
+    header = ["seed", "alarms", "held-out change of the total", "of vq / mq",
+              "of the distance to the world's videos (gold; + is worse)",
+              "closest component divergence (fires above the threshold)", "largest on-policy ratio deviation",
+              "largest fraction of groups without signal"]  # fmt: skip
+    reading = (
+        f"An alarm fired in {alarmed} of {len(seeds)} default runs; {worse} of the {len(seeds)} ended farther from the "
+        f"world's videos than they started (gold worse). False alarms (an alarm on a run whose gold improved): "
+        f"{false_alarms}."
+    )
     return "\n\n".join([reporting.markdown_table(header, rows), reading])
 
 
@@ -167,13 +180,14 @@ def report(runs: Path, seeds: Sequence[int]) -> str:
     method = (
         f"Runs: `sage-train --seed N` with the hackable flags ({' '.join(KINDS['hackable'])}) or none, 40 optimizer "
         "steps each; the alarms replayed from each run's metrics.jsonl with the library's rules (threshold over "
-        f"window: {rules}). With {len(seeds)} seeds, an alarm that never fired in the default runs fires in fewer "
-        f"than {1 - 0.05 ** (1 / len(seeds)):.0%} of such runs (95% one-sided bound)."
+        f"window: {rules}; the two evaluation rules at 2 evaluations in a row). With {len(seeds)} seeds, an outcome "
+        f"seen in none of them happens in fewer than {1 - 0.05 ** (1 / len(seeds)):.0%} of such runs (95% one-sided "
+        "bound)."
     )
     rows = [hackable_row(seed, _records(runs / "hackable" / f"seed-{seed}")) for seed in seeds]
     return "\n\n".join(
         [method, "Hackable toy reward (reward hacking):", _hackable_section(rows),
-         "The default run (false alarms):", _default_section(seeds, runs)]
+         "The default run (false and true alarms):", _default_section(seeds, runs)]
     )  # fmt: skip
 
 

@@ -195,7 +195,8 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
     """The alarms and their default thresholds (measured: docs/runs.md, "Alarms")."""
     return [
         AlarmRule("proxy_gold_divergence", 0.02, 3, _proxy_gold, _is_evaluation, patience=2),
-        AlarmRule("component_divergence", 0.02, 3, _component_divergence, _is_evaluation, patience=2),
+        # 0.03: the default toy runs whose gold score improved came to 0.022 at most (docs/benchmarks.md)
+        AlarmRule("component_divergence", 0.03, 3, _component_divergence, _is_evaluation, patience=2),
         AlarmRule("off_policy_ratio", 1e-4, 2, _off_policy_ratio, _is_training_step, explain=explain_off_policy),
         AlarmRule("groups_without_signal", 0.5, 5, _groups_without_signal, _is_training_step),
         AlarmRule("kl_spike", 20.0, 10, _kl_spike, _is_training_step),
