@@ -80,19 +80,6 @@ def test_config_errors_explain_the_fix(tmp_path: Path, kwargs: dict, message: st
         make_args(tmp_path, **kwargs)
 
 
-def test_an_eval_dataset_is_refused_with_the_way_to_evaluate(tmp_path: Path) -> None:
-    with pytest.raises(
-        ValueError, match=r"eval_dataset is not supported.*sage_trl\.evaluation\.evaluate_policy"
-    ):
-        SageGRPOTrainer(
-            LinearBackbone(),
-            mean_brightness,
-            args=make_args(tmp_path),
-            train_dataset=PROMPTS,
-            eval_dataset=PROMPTS,
-        )
-
-
 def test_reward_component_weights_parse_from_json(tmp_path: Path) -> None:
     args = make_args(tmp_path, reward_component_weights='{"mean_brightness": 2.0}')
     assert args.reward_weights_for_composite() == {"mean_brightness": 2.0}
