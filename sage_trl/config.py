@@ -49,6 +49,8 @@ _MODEL_FIELDS = {
     "guidance_scale": "guidance_scale",
 }
 """SageGRPOConfig field -> attribute of the backbone's `sage_env.models.SamplingDefaults`."""
+_PRESET_EVALUATION_SCHEDULE = ("eval_strategy", "eval_steps", "eval_on_start")
+"""A preset's evaluation schedule: it goes with the preset's held-out prompts (`SageGRPOConfig.from_preset`)."""
 ALGORITHM_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(AlgorithmConfig))
 """The fields `SageGRPOConfig` takes from `agents.config.AlgorithmConfig`."""
 
@@ -443,10 +445,12 @@ class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
     def from_preset(cls, name_or_path: str, **overrides: Any) -> Any:
         """A config from a preset (`sage_trl.presets`: a shipped name such as ``"toy"``, or a YAML path) with
         ``overrides`` on top: the layering of ``sage-train --preset NAME --field value``. The preset's
-        ``sage-train`` fields (reward, dataset, LoRA) are left out."""
+        ``sage-train`` fields (reward, dataset, LoRA) are left out, and with them its evaluation schedule
+        (``eval_strategy``, ``eval_steps``, ``eval_on_start``), which evaluates its held-out prompts (``eval_prompts``,
+        a ``sage-train`` field): pass them as the trainer's ``eval_dataset`` with your own schedule."""
         from sage_trl.presets import load_preset
 
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - set(_PRESET_EVALUATION_SCHEDULE)
         values = {key: value for key, value in load_preset(name_or_path).items() if key in names}
         return cls(**{**values, **overrides})
 
