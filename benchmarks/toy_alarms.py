@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import reporting
-from sage_trl.alarms import default_rules, replay
+from sage_trl.alarms import HELD_OUT_TOTAL, component_changes, default_rules, replay
+from sage_trl.evaluation import HELD_OUT_EVAL_REWARD, HELD_OUT_WORLD, is_evaluation_record
 
 __all__ = ["KINDS", "closest_component_divergence", "hackable_row", "report"]
 
@@ -60,7 +61,7 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _evaluations(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if isinstance(r.get("eval_reward/total"), (int, float))]
+    return [r for r in records if is_evaluation_record(r)]
 
 
 def hackable_row(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -74,18 +75,18 @@ def hackable_row(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     step = fired.get("proxy_gold_divergence")
     at = next((r for r in evaluations if r["step"] == step), None)
     first, last = evaluations[0], evaluations[-1]
-    distance = "eval_world/world_distance"
+    distance, proxy, gold = HELD_OUT_WORLD + "world_distance", HELD_OUT_TOTAL, HELD_OUT_EVAL_REWARD + "total"
     loss = last[distance] - first[distance]
     row = {"seed": seed, "step": step, "alarms": sorted(fired), "distance_start": first[distance],
-           "distance_end": last[distance], "proxy_start": first["eval_reward/total"], "proxy_end": last["eval_reward/total"],
-           "gold_start": first["eval_eval_reward/total"], "gold_end": last["eval_eval_reward/total"]}  # fmt: skip
+           "distance_end": last[distance], "proxy_start": first[proxy], "proxy_end": last[proxy],
+           "gold_start": first[gold], "gold_end": last[gold]}  # fmt: skip
     if at is not None:
         row.update(
             distance_at=at[distance],
-            proxy_at=at["eval_reward/total"],
-            gold_at=at["eval_eval_reward/total"],
+            proxy_at=at[proxy],
+            gold_at=at[gold],
             lost_fraction=(at[distance] - first[distance]) / loss if loss > 0 else math.nan,
-            proxy_rose_after=max(r["eval_reward/total"] for r in evaluations if r["step"] > step) > at["eval_reward/total"]
+            proxy_rose_after=max(r[proxy] for r in evaluations if r["step"] > step) > at[proxy]
             if step < last["step"]
             else False,
         )
@@ -100,12 +101,7 @@ def closest_component_divergence(records: list[dict[str, Any]]) -> float:
     evaluations = _evaluations(records)
     per_window = []
     for end in range(rule.window, len(evaluations)):
-        first, last = evaluations[end - rule.window], evaluations[end]
-        changes = [
-            (last[key] - first[key]) / max(abs(evaluations[0][key]), 1.0)
-            for key in last
-            if key.startswith("eval_reward/") and key != "eval_reward/total"
-        ]
+        changes = list(component_changes(evaluations[: end + 1], rule.window).values())
         per_window.append(min(max(changes), -min(changes)) if changes else 0.0)
     runs = [min(per_window[i : i + rule.patience]) for i in range(len(per_window) - rule.patience + 1)]
     return max([0.0, *runs])

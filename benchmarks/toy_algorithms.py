@@ -6,9 +6,9 @@ change of the total reward and of the distance to the world's videos, wall time 
 Each cell is ``sage-train --algorithm A --seed N`` (the toy preset, nothing else changed), run as its own process
 with one torch thread (``--workers`` at a time), into a run folder under ``--runs``. The held-out numbers are the
 run's own before/after evaluation (``eval_results.json``: 8 held-out prompts x 2 seeds, deterministic sampling).
-FLOPs are counted, not timed: every forward of the transformer is counted with its rows (with or without gradient),
-and torch's FLOP counter measures one row's forward, and one row's forward plus backward, of the run's own
-transformer at the end; rollouts, training and the before/after evaluation are all included.
+FLOPs are counted, not timed (`sage_trl.arena.compute`, as the arena counts them): every forward of the transformer
+is counted with its rows, and torch's FLOP counter prices one row's forward, and one row's forward plus backward, of
+the run's own transformer at the end; rollouts, training and the held-out evaluations are all included.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from benchmarks import reporting
+from sage_trl.arena.compute import count_transformer_rows
 
-__all__ = ["count_transformer_flops", "run_cell", "t_interval"]
+__all__ = ["run_cell", "t_interval"]
 
 DEFAULT_ALGORITHMS = "sage_grpo,grpo_guard,mix_grpo,mix_grpo_flash,branch_grpo,diffusion_nft,awm"
 """The paper's algorithm and the ones the field trains video models with now (issue 23's), compared by default."""
@@ -48,43 +49,6 @@ def t_interval(values: Sequence[float]) -> tuple[float, float]:
     return mean - half, mean + half
 
 
-class _RowCounter:
-    """Counts the rows every forward of a diffusers transformer processes, with and without gradient."""
-
-    def __init__(self) -> None:
-        self.rows = {"no_grad": 0, "grad": 0}
-        self.module: torch.nn.Module | None = None
-        self.inputs: dict[str, torch.Tensor] = {}
-
-    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        from diffusers import WanTransformer3DModel
-
-        if not isinstance(module, WanTransformer3DModel):
-            return
-        hidden = kwargs.get("hidden_states", args[0] if args else None)
-        self.rows["grad" if torch.is_grad_enabled() else "no_grad"] += int(hidden.shape[0])
-        if self.module is None:
-            self.module = module
-            self.inputs = {k: v[:1].detach() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
-
-
-def count_transformer_flops(counter: _RowCounter) -> dict[str, float]:
-    """FLOPs of the counted rows: one row's forward (no gradient) and forward plus backward, measured by torch's
-    FLOP counter on the run's transformer."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    module = counter.module
-    with torch.no_grad(), FlopCounterMode(display=False) as forward:
-        module(**counter.inputs)
-    with FlopCounterMode(display=False) as training:
-        output = module(**counter.inputs)
-        output = output[0] if isinstance(output, tuple) else getattr(output, "sample", output)
-        output.float().sum().backward()
-    per_row = {"no_grad": forward.get_total_flops(), "grad": training.get_total_flops()}
-    flops = {kind: float(per_row[kind] * counter.rows[kind]) for kind in per_row}
-    return {**flops, "total": sum(flops.values()), "rows_no_grad": counter.rows["no_grad"], "rows_grad": counter.rows["grad"]}
-
-
 QUICK_FLAGS = ("--max_steps", "1", "--num_eval_prompts", "1", "--eval_seeds", "0")
 """What ``--quick`` adds to every cell's command (the test suite's smoke run)."""
 
@@ -94,15 +58,14 @@ def run_cell(algorithm: str, seed: int, run_dir: Path, *extra: str) -> None:
     from sage_trl.cli import train_main
 
     torch.set_num_threads(1)
-    counter = _RowCounter()
-    handle = torch.nn.modules.module.register_module_forward_hook(counter, with_kwargs=True)
-    start = time.perf_counter()
-    code = train_main(["--algorithm", algorithm, "--seed", str(seed), "--output_dir", str(run_dir), *extra])
-    seconds = time.perf_counter() - start
-    handle.remove()
+    with count_transformer_rows() as counter:
+        start = time.perf_counter()
+        code = train_main(["--algorithm", algorithm, "--seed", str(seed), "--output_dir", str(run_dir), *extra])
+        seconds = time.perf_counter() - start
+        flops = counter.flops()
     if code:
         raise SystemExit(code)
-    result = {"algorithm": algorithm, "seed": seed, "wall_seconds": seconds, "flops": count_transformer_flops(counter)}
+    result = {"algorithm": algorithm, "seed": seed, "wall_seconds": seconds, "flops": flops}
     (run_dir / "benchmark.json").write_text(json.dumps(result, indent=1))
 
 

@@ -24,7 +24,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ALARM_RULES", "Alarm", "AlarmMonitor", "AlarmRule", "read_alarms", "replay"]
+from sage_trl.evaluation import HELD_OUT_EVAL_REWARD, HELD_OUT_REWARD, is_evaluation_record
+
+__all__ = [
+    "ALARM_RULES",
+    "HELD_OUT_TOTAL",
+    "Alarm",
+    "AlarmMonitor",
+    "AlarmRule",
+    "component_changes",
+    "read_alarms",
+    "relative_changes",
+    "replay",
+]
+
+HELD_OUT_TOTAL = HELD_OUT_REWARD + "total"
+"""``eval_reward/total``: the held-out videos' training reward, the proxy the alarms compare against."""
 
 Record = dict[str, Any]
 
@@ -71,10 +86,6 @@ class AlarmRule:
 # -- the rules ----------------------------------------------------------------------------------------------------
 
 
-def _is_evaluation(record: Record) -> bool:
-    return isinstance(record.get("eval_reward/total"), (int, float))
-
-
 def _is_training_step(record: Record) -> bool:
     return isinstance(record.get("reward/total"), (int, float))
 
@@ -85,20 +96,20 @@ def _finite(values: Iterable[Any]) -> list[float]:
 
 def _proxy_gold(rule: AlarmRule, evaluations: list[Record]) -> tuple[str, str] | None:
     """Over the last ``window`` evaluations the training reward of the held-out videos rose while an evaluation
-    reward (its total or a component) fell by more than ``threshold`` (relative, as in `_changes`)."""
+    reward (its total or a component) fell by more than ``threshold`` (relative, as in `relative_changes`)."""
     if len(evaluations) <= rule.window:
         return None
     first, last = evaluations[-rule.window - 1], evaluations[-1]
-    if not last["eval_reward/total"] > first["eval_reward/total"]:
+    if not last[HELD_OUT_TOTAL] > first[HELD_OUT_TOTAL]:
         return None
-    changes = _changes(evaluations, rule.window, "eval_eval_reward/")
+    changes = relative_changes(evaluations, rule.window, HELD_OUT_EVAL_REWARD)
     falling = [key for key, change in changes.items() if change < -rule.threshold]
     if not falling:
         return None
     key = min(falling, key=changes.get)
     message = (
         f"over the last {rule.window} evaluations the training reward of the held-out videos rose "
-        f"({first['eval_reward/total']:.4g} -> {last['eval_reward/total']:.4g}) while {key.removeprefix('eval_')} "
+        f"({first[HELD_OUT_TOTAL]:.4g} -> {last[HELD_OUT_TOTAL]:.4g}) while {key.removeprefix('eval_')} "
         f"fell ({first[key]:.4g} -> {last[key]:.4g})."
     )
     advice = (
@@ -109,7 +120,7 @@ def _proxy_gold(rule: AlarmRule, evaluations: list[Record]) -> tuple[str, str] |
     return message, advice
 
 
-def _changes(evaluations: list[Record], window: int, prefix: str) -> dict[str, float]:
+def relative_changes(evaluations: list[Record], window: int, prefix: str) -> dict[str, float]:
     """Each ``prefix`` metric's change over the last ``window`` evaluations, over its first value's magnitude (at
     least 1, so that small scores compare in absolute terms)."""
     first, last = evaluations[-window - 1], evaluations[-1]
@@ -121,13 +132,20 @@ def _changes(evaluations: list[Record], window: int, prefix: str) -> dict[str, f
     return changes
 
 
+def component_changes(evaluations: list[Record], window: int) -> dict[str, float]:
+    """Each training-reward component's `relative_changes` on the held-out videos (the total left out) over the
+    ``window`` evaluations ending at the last one."""
+    changes = relative_changes(evaluations, window, HELD_OUT_REWARD)
+    changes.pop(HELD_OUT_TOTAL, None)
+    return changes
+
+
 def _component_divergence(rule: AlarmRule, evaluations: list[Record]) -> tuple[str, str] | None:
     """Over the last ``window`` evaluations one component of the training reward on the held-out videos rose by
-    more than ``threshold`` (relative, as in `_changes`) while another fell by more than ``threshold``."""
+    more than ``threshold`` (relative, as in `relative_changes`) while another fell by more than ``threshold``."""
     if len(evaluations) <= rule.window:
         return None
-    changes = _changes(evaluations, rule.window, "eval_reward/")
-    changes.pop("eval_reward/total", None)
+    changes = component_changes(evaluations, rule.window)
     rising = [key for key, change in changes.items() if change > rule.threshold]
     falling = [key for key, change in changes.items() if change < -rule.threshold]
     if not rising or not falling:
@@ -135,8 +153,8 @@ def _component_divergence(rule: AlarmRule, evaluations: list[Record]) -> tuple[s
     up, down = max(rising, key=changes.get), min(falling, key=changes.get)
     first, last = evaluations[-rule.window - 1], evaluations[-1]
     message = (
-        f"over the last {rule.window} evaluations the held-out {up.removeprefix('eval_reward/')} rose "
-        f"({first[up]:.4g} -> {last[up]:.4g}) while {down.removeprefix('eval_reward/')} fell "
+        f"over the last {rule.window} evaluations the held-out {up.removeprefix(HELD_OUT_REWARD)} rose "
+        f"({first[up]:.4g} -> {last[up]:.4g}) while {down.removeprefix(HELD_OUT_REWARD)} fell "
         f"({first[down]:.4g} -> {last[down]:.4g})."
     )
     advice = (
@@ -194,9 +212,9 @@ def _kl_spike(rule: AlarmRule, steps: list[Record]) -> tuple[str, str] | None:
 def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[AlarmRule]:
     """The alarms and their default thresholds (measured: docs/runs.md, "Alarms")."""
     return [
-        AlarmRule("proxy_gold_divergence", 0.02, 3, _proxy_gold, _is_evaluation, patience=2),
+        AlarmRule("proxy_gold_divergence", 0.02, 3, _proxy_gold, is_evaluation_record, patience=2),
         # 0.03: the default toy runs whose gold score improved came to 0.022 at most (docs/benchmarks.md)
-        AlarmRule("component_divergence", 0.03, 3, _component_divergence, _is_evaluation, patience=2),
+        AlarmRule("component_divergence", 0.03, 3, _component_divergence, is_evaluation_record, patience=2),
         AlarmRule("off_policy_ratio", 1e-4, 2, _off_policy_ratio, _is_training_step, explain=explain_off_policy),
         AlarmRule("groups_without_signal", 0.5, 5, _groups_without_signal, _is_training_step),
         AlarmRule("kl_spike", 20.0, 10, _kl_spike, _is_training_step),
@@ -212,19 +230,21 @@ class AlarmMonitor:
 
     def __init__(self, rules: list[AlarmRule] | None = None) -> None:
         self.rules = rules if rules is not None else default_rules()
-        self.history: list[Record] = []
         self.fired: list[Alarm] = []
         self._met = {rule.name: 0 for rule in self.rules}  # records in a row that met each rule
+        self._read: dict[str, list[Record]] = {rule.name: [] for rule in self.rules}  # the records each rule reads
 
     def update(self, record: Record) -> list[Alarm]:
         """Add one logged record (with its ``step``) and return the alarms it sets off."""
-        self.history.append(record)
         new = []
         done = {alarm.name for alarm in self.fired}
         for rule in self.rules:
-            if rule.name in done or not rule.applies(record):
+            if not rule.applies(record):
                 continue
-            found = rule.check(rule, [r for r in self.history if rule.applies(r)])
+            self._read[rule.name].append(record)
+            if rule.name in done:
+                continue
+            found = rule.check(rule, self._read[rule.name])
             self._met[rule.name] = self._met[rule.name] + 1 if found is not None else 0
             if found is not None and self._met[rule.name] >= rule.patience:
                 new.append(Alarm(rule.name, int(record.get("step", 0)), *found))

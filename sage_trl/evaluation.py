@@ -20,15 +20,48 @@ from sage_env.rewards import CompositeReward
 
 __all__ = [
     "EVAL_REWARD_PREFIX",
+    "HELD_OUT_EVAL_REWARD",
+    "HELD_OUT_REWARD",
+    "HELD_OUT_WORLD",
+    "TRAINING_REWARD_PREFIX",
     "WORLD_MEASURES",
+    "WORLD_PREFIX",
     "EvaluationResult",
     "evaluate_policy",
     "evaluation_metrics",
+    "is_evaluation_record",
+    "logged_name",
+    "metric_name",
     "world_measures",
 ]
 
 EVAL_REWARD_PREFIX = "eval_reward/"
 """Names of the evaluation rewards' components (and their ``total``) in an `EvaluationResult` and its metrics."""
+
+TRAINING_REWARD_PREFIX = "reward/"
+"""The training reward's components and ``total`` in an evaluation's metrics (as the training rollouts log them)."""
+
+WORLD_PREFIX = "world/"
+"""The toy world's measures (`WORLD_MEASURES`) in an evaluation's metrics."""
+
+
+def metric_name(name: str, prefix: str = "eval") -> str:
+    """An evaluation metric's logged name, the transformers way: ``<prefix>_<name>`` (its trackers show it under
+    ``<prefix>/``), e.g. ``metric_name(TRAINING_REWARD_PREFIX + "total")`` is ``eval_reward/total``."""
+    return f"{prefix}_{name}"
+
+
+HELD_OUT_REWARD = metric_name(TRAINING_REWARD_PREFIX)
+"""``eval_reward/``: an evaluation's training-reward metrics (``HELD_OUT_REWARD + "total"``, its components)."""
+HELD_OUT_EVAL_REWARD = metric_name(EVAL_REWARD_PREFIX)
+"""``eval_eval_reward/``: an evaluation's evaluation-reward metrics."""
+HELD_OUT_WORLD = metric_name(WORLD_PREFIX)
+"""``eval_world/``: an evaluation's toy-world measures."""
+
+
+def is_evaluation_record(record: dict) -> bool:
+    """Whether a logged record (``metrics.jsonl``, the log history) is an evaluation's (it has the held-out total)."""
+    return isinstance(record.get(HELD_OUT_REWARD + "total"), (int, float))
 
 
 @dataclass
@@ -133,10 +166,19 @@ def evaluation_metrics(result: EvaluationResult, prefix: str = "eval") -> dict[s
     training rollouts' ``reward/...``), ``eval_reward/...`` for the evaluation rewards, ``world/<measure>`` for the
     toy world's measures (docs/runs.md)."""
     means = result.means()
-    names = {name: f"reward/{name}" for name in [*result.components, "total"]}
+    names = {name: TRAINING_REWARD_PREFIX + name for name in [*result.components, "total"]}
     names.update({name: name for name in result.eval_rewards})
-    names.update({name: f"world/{name}" for name in result.measures})
-    return {f"{prefix}_{metric}": means[name] for name, metric in names.items()}
+    names.update({name: WORLD_PREFIX + name for name in result.measures})
+    return {metric_name(metric, prefix): means[name] for name, metric in names.items()}
+
+
+def logged_name(name: str, prefix: str = "eval") -> str:
+    """The logged metric (`evaluation_metrics`) of a toy-world evaluation's result ``name`` (an
+    ``eval_results.json`` key: a training-reward component or ``total``, an ``eval_reward/...`` or a
+    `WORLD_MEASURES` name)."""
+    if name.startswith(EVAL_REWARD_PREFIX):
+        return metric_name(name, prefix)
+    return metric_name((WORLD_PREFIX if name in WORLD_MEASURES else TRAINING_REWARD_PREFIX) + name, prefix)
 
 
 WORLD_MEASURES = {

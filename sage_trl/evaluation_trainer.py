@@ -5,7 +5,7 @@ transformers decides when to evaluate (``eval_strategy="steps"`` with ``eval_ste
 deterministically, scores the videos with the training reward, the evaluation rewards (``eval_reward_funcs``,
 logged and never optimised) and, on the toy world, its own measures, logs the means through ``Trainer.log`` (so
 every ``report_to`` tracker and ``metrics.jsonl`` receive them, keyed by step), writes the videos into the run
-folder (`layout.EVAL_SAMPLES_FOLDER`) and shows them in TensorBoard. ``sage-train``'s before/after evaluation is
+folder (`layout.EVAL_SAMPLES_FOLDER`) and shows them in TensorBoard, Weights & Biases and Trackio. ``sage-train``'s before/after evaluation is
 `held_out_evaluation`, the same sampling and scores.
 
 A resumed run continues the schedule: transformers evaluates a step before it checkpoints it, so a checkpoint's
@@ -27,7 +27,7 @@ from transformers.trainer_utils import speed_metrics
 
 from sage_trl import training_setup as setup
 from sage_trl.evaluation import EvaluationResult, evaluate_policy, evaluation_metrics, world_measures
-from sage_trl.outputs import log_video_to_tensorboard, save_video_gif
+from sage_trl.outputs import log_video_to_trackers, save_video_gif
 from sage_trl.run_folder import layout
 from sage_trl.run_folder.manifest import record_entries
 from sage_trl.run_folder.writes import guarded_write
@@ -102,8 +102,8 @@ class EvaluationTrainerMixin:
     ) -> dict[str, float]:
         """The held-out evaluation (`held_out_evaluation`) logged at the current step: metrics named by
         `sage_trl.evaluation.evaluation_metrics` (``eval_reward/total``, ...) to every tracker and
-        ``metrics.jsonl``, the videos to ``eval_samples/`` and TensorBoard. An evaluation of the trainer's own
-        prompts already logged at this step (a resumed run's ``eval_on_start``) is returned, not repeated."""
+        ``metrics.jsonl``, the videos to ``eval_samples/`` and the video-capable trackers. An evaluation of the
+        trainer's own prompts already logged at this step (a resumed run's ``eval_on_start``) is returned, not repeated."""
         logged = self._logged_evaluation(metric_key_prefix) if eval_dataset is None else None
         if logged is not None:
             return logged
@@ -127,7 +127,8 @@ class EvaluationTrainerMixin:
         return None
 
     def _write_evaluation_videos(self, result: EvaluationResult, prefix: str) -> None:
-        """One GIF per evaluation (a row per prompt, a column per seed) in the run folder, and in TensorBoard."""
+        """One GIF per evaluation (a row per prompt, a column per seed) in the run folder, and in the trackers
+        (TensorBoard, Weights & Biases, Trackio)."""
         folder = Path(self.args.output_dir) / layout.EVAL_SAMPLES_FOLDER
         path = folder / layout.eval_samples_name(prefix, self.state.global_step)
         with guarded_write(layout.EVAL_SAMPLES_FOLDER, path, survived="the checkpoints written so far are intact"):
@@ -135,4 +136,4 @@ class EvaluationTrainerMixin:
             folder.mkdir(parents=True, exist_ok=True)
             fps = self.args.fps or self.backbone.default_fps
             save_video_gif(result.videos, path, fps=fps, columns=len(self.args.eval_seeds))
-        log_video_to_tensorboard(self.callback_handler.callbacks, f"{prefix}/samples", path, self.state.global_step)
+        log_video_to_trackers(self.callback_handler.callbacks, f"{prefix}/samples", path, self.state.global_step)

@@ -20,7 +20,7 @@ from sage_trl.run_folder.writes import guarded_write
 __all__ = [
     "MetricsFileCallback",
     "StatusCallback",
-    "log_video_to_tensorboard",
+    "log_video_to_trackers",
     "plot_reward_curves",
     "save_comparison_gif",
     "save_video_gif",
@@ -258,23 +258,54 @@ def save_comparison_gif(
     )
 
 
-def log_video_to_tensorboard(callbacks: list[Any], tag: str, gif_path: str | os.PathLike, step: int) -> bool:
-    """Show an animated GIF in TensorBoard's Images tab under ``tag`` at ``step``, through the writer of
-    transformers' `TensorBoardCallback` among ``callbacks`` (``report_to`` tensorboard). TensorBoard plays a GIF
-    image summary as a video; it is what ``SummaryWriter.add_video`` writes, without needing moviepy to encode it
-    again. Returns False when no TensorBoard writer is open (nothing to do)."""
+def log_video_to_trackers(callbacks: list[Any], tag: str, gif_path: str | os.PathLike, step: int) -> list[str]:
+    """Show an animated GIF under ``tag`` at ``step`` in every video-capable tracker that ``report_to`` opened
+    (their transformers callbacks are among ``callbacks``): TensorBoard, Weights & Biases and Trackio. Returns
+    the names of the trackers it reached (none open: an empty list, nothing to do)."""
+    from transformers.integrations import TensorBoardCallback, TrackioCallback, WandbCallback
+
+    reached = []
+    tensorboard = [c.tb_writer for c in callbacks if isinstance(c, TensorBoardCallback) and c.tb_writer is not None]
+    if tensorboard:
+        _log_gif_to_tensorboard(tensorboard, tag, Path(gif_path), step)
+        reached.append("tensorboard")
+    if any(isinstance(c, WandbCallback) for c in callbacks) and _log_gif_to_wandb(tag, Path(gif_path), step):
+        reached.append("wandb")
+    if any(isinstance(c, TrackioCallback) for c in callbacks) and _log_gif_to_trackio(tag, Path(gif_path), step):
+        reached.append("trackio")
+    return reached
+
+
+def _log_gif_to_tensorboard(writers: list[Any], tag: str, gif_path: Path, step: int) -> None:
+    """TensorBoard plays a GIF image summary as a video in its Images tab: it is what ``SummaryWriter.add_video``
+    writes, without needing moviepy to encode the frames again. ``SummaryWriter`` has no public call that takes
+    an encoded image, hence its file writer's ``add_summary``."""
     from PIL import Image
     from tensorboard.compat.proto.summary_pb2 import Summary
-    from transformers.integrations import TensorBoardCallback
 
-    writers = [c.tb_writer for c in callbacks if isinstance(c, TensorBoardCallback) and c.tb_writer is not None]
-    if not writers:
-        return False
-    encoded = Path(gif_path).read_bytes()
     with Image.open(gif_path) as image:
         width, height = image.size
-    picture = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=encoded)
+    picture = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif_path.read_bytes())
     for writer in writers:
         writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=picture)]), step)
         writer.flush()
+
+
+def _log_gif_to_wandb(tag: str, gif_path: Path, step: int) -> bool:
+    """Through the run `WandbCallback` opened (``wandb.run``), on its ``train/global_step`` axis."""
+    import wandb
+
+    if wandb.run is None:
+        return False
+    wandb.log({tag: wandb.Video(str(gif_path), format="gif"), "train/global_step": step})
+    return True
+
+
+def _log_gif_to_trackio(tag: str, gif_path: Path, step: int) -> bool:
+    """Through the run `TrackioCallback` opened (trackio's current run), at the optimizer step."""
+    import trackio
+
+    if trackio.context_vars.current_run.get() is None:
+        return False
+    trackio.log({tag: trackio.Video(gif_path)}, step=step)
     return True

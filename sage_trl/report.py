@@ -11,8 +11,14 @@ import math
 from typing import Any
 
 from agents import ALGORITHM_CONFIGS
-from sage_trl.alarms import ALARM_RULES
-from sage_trl.evaluation import EVAL_REWARD_PREFIX, WORLD_MEASURES
+from sage_trl.alarms import ALARM_RULES, HELD_OUT_TOTAL
+from sage_trl.evaluation import (
+    EVAL_REWARD_PREFIX,
+    HELD_OUT_EVAL_REWARD,
+    HELD_OUT_WORLD,
+    WORLD_MEASURES,
+    is_evaluation_record,
+)
 from sage_trl.run_folder import RunRecord, layout
 
 __all__ = ["held_out_table", "run_report"]
@@ -94,10 +100,10 @@ def _held_out_section(run: RunRecord) -> list[str]:
 
 
 def _during_training_section(run: RunRecord) -> list[str]:
-    points = [r for r in run.metrics if isinstance(r.get("eval_reward/total"), (int, float))]
+    points = [r for r in run.metrics if is_evaluation_record(r)]
     if not points:
         return []
-    columns = ["eval_reward/total", "eval_eval_reward/total", "eval_world/world_distance"]
+    columns = [HELD_OUT_TOTAL, HELD_OUT_EVAL_REWARD + "total", HELD_OUT_WORLD + "world_distance"]
     columns = [c for c in columns if any(c in r for r in points)]
     shown = points if len(points) <= _MAX_EVALUATION_ROWS else points[:: math.ceil(len(points) / _MAX_EVALUATION_ROWS)]
     if shown[-1] is not points[-1]:

@@ -39,6 +39,7 @@ from sage_trl.config import SageGRPOConfig
 from sage_trl.distributed import check_launch, parameters_outside, release_process_group_at_exit
 from sage_trl.evaluation_trainer import EvaluationTrainerMixin
 from sage_trl.experts import EXPERT_METRICS, expert_groups, expert_parameter_groups, routed_to
+from sage_trl.gradient_probe import GradientProbe
 from sage_trl.lora import add_lora
 from sage_trl.model_facts import check_model_facts
 from sage_trl.outputs import MetricsFileCallback
@@ -175,6 +176,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         self._step_had_valid = False  # any sample of this optimizer step with a valid reward (this process)
         # Under DDP: the trainable parameters the loss does not reach (found on the first loss).
         self._unreached: list[torch.nn.Parameter] | None = None
+        self._gradient_probe = GradientProbe(self)  # gradient_norm_steps: the gradient norm per denoising step
         self.add_callback(_AlgorithmCallback(self))
         self.add_callback(AlarmCallback(self))  # self.alarms: the alarms that fired; self.stopped_by_alarm
         if self.is_world_process_zero():
@@ -350,6 +352,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         start = time.perf_counter()
         self._step_had_valid = self._step_had_valid or bool(inputs.trajectory.rewards.valid.any())
         batch = self._step_transitions(inputs)
+        self._gradient_probe(batch)
         chunks = self._loss_chunks(batch, inputs)
         totals: dict[str, float] = defaultdict(float)
         several = len(self.backbone.expert_names) > 1

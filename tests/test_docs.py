@@ -34,13 +34,16 @@ from tests.fixtures.toml import toml_loads
 
 ROOT = Path(__file__).resolve().parent.parent
 LANGUAGES = {"python", "bash", "text", "bibtex", "yaml", "json", "toml"}
-ENTRY_POINTS = {"sage-train", "sage-generate", "sage-push"}
+ENTRY_POINTS = {"sage-train", "sage-generate", "sage-push", "sage-arena"}
 # Appended to a runnable entry-point command so that it finishes in seconds (the later flag wins).
 SMALL_RUN_FLAGS = {
     "sage-train": ["--max_steps", "1", "--num_eval_prompts", "1", "--eval_seeds", "0"],
+    # every cell a one-step run on small batches (sage-train flags after --)
+    "sage-arena": ["--", "--max_steps", "1", "--num_eval_prompts", "1", "--gradient_norm_steps", "0",
+                   "--num_generations", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1"],
 }
 _FENCE = re.compile(r"^```(\S*)(.*)$")
-_INLINE_COMMAND = re.compile(r"`((?:sage-train|sage-generate|sage-push|python -m [\w.]+)(?: [^`]*)?)`")
+_INLINE_COMMAND = re.compile(r"`((?:sage-train|sage-generate|sage-push|sage-arena|python -m [\w.]+)(?: [^`]*)?)`")
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ def unknown_flags(command: list[str]) -> list[str]:
     program = program_of(command)
     if program is None:
         return []
+    if program == "sage-arena" and "--" in command:  # after --: sage-train flags for every cell
+        split = command.index("--")
+        return unknown_flags(command[:split]) + unknown_flags(["sage-train", *command[split + 1 :]])
     flags = [token.split("=")[0] for token in command if token.startswith("--")]
     listed = set(re.findall(r"--[\w-]+", help_text(program)))
     return [flag for flag in flags if flag not in listed]

@@ -37,5 +37,5 @@ def test_the_closest_component_divergence_is_the_smaller_of_the_rise_and_the_fal
 def test_quick_runs_report_both_kinds(tmp_path: Path) -> None:
     toy_alarms.main([*quick_arguments(tmp_path), "--seeds", "0", "--runs", str(tmp_path / "runs")])
     section = section_of(tmp_path / "benchmarks.md", "toy_alarms")
-    assert "Hackable toy reward" in section and "No alarm fired in" in section
+    assert "Hackable toy reward" in section and "An alarm fired in 0 of 1 default runs" in section
     assert (tmp_path / "runs" / "hackable" / "seed-0" / "training_complete.json").is_file()

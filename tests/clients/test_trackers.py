@@ -46,6 +46,9 @@ def test_tensorboard(tmp_path: Path) -> None:
     check_tags(set(events.Tags()["scalars"]))
     assert [event.step for event in events.Scalars("train/policy_loss")] == [1, 2]
     assert "model_config" in " ".join(events.Tags()["tensors"])  # the diffusers config, as text
+    (video,) = events.Images("eval/samples")  # the evaluation's GIF, at its step, as the run folder holds it
+    assert video.step == 2
+    assert video.encoded_image_string == (output / "eval_samples" / "eval-step-000002.gif").read_bytes()
 
 
 def test_wandb_offline(tmp_path: Path) -> None:
@@ -56,6 +59,9 @@ def test_wandb_offline(tmp_path: Path) -> None:
     data = run_file.read_bytes()
     assert all(tag.encode() in data for tag in EXPECTED), [tag for tag in EXPECTED if tag.encode() not in data]
     assert b"train/train/" not in data
+    # The evaluation's video: wandb stores the GIF it was given among the run's media files.
+    (video,) = tmp_path.glob("wandb/offline-run-*/files/media/videos/eval/samples_*.gif")
+    assert video.read_bytes() == (tmp_path / "run" / "eval_samples" / "eval-step-000002.gif").read_bytes()
 
 
 def test_trackio(tmp_path: Path) -> None:
@@ -73,3 +79,6 @@ def test_trackio(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     check_tags(set(json.loads(result.stdout.splitlines()[-1])))
+    # The evaluation's video: trackio copies the GIF into its media folder.
+    (video,) = (tmp_path / "trackio").rglob("*.gif")
+    assert video.read_bytes() == (tmp_path / "run" / "eval_samples" / "eval-step-000002.gif").read_bytes()

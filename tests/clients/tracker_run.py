@@ -1,5 +1,6 @@
 """Train the tiny trainer two steps with ``report_to=<tracker>`` in a fresh process (the trackers read their
-environment variables at import), for tests/clients/test_trackers.py.
+environment variables at import), evaluating two held-out prompts after step 2 (a video per evaluation), for
+tests/clients/test_trackers.py.
 
     python tests/clients/tracker_run.py TRACKER OUTPUT_DIR
 """
@@ -21,5 +22,9 @@ if __name__ == "__main__":
         report_to=tracker,
         run_name="sage-grpo-tracker-test",
         project="sage-grpo-tests",
+        eval_dataset=["a held-out ball", "a held-out cube"],
+        eval_strategy="steps",
+        eval_steps=2,
+        eval_seeds=[0],
     )
     trainer.train()

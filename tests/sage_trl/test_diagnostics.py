@@ -1,16 +1,21 @@
 """Diagnostic metrics of a training step (docs/runs.md, "What the metrics mean"): the training forward's
-log-probabilities against the rollout's, the importance ratio where it must be 1, and the clip fractions by side."""
+log-probabilities against the rollout's, the importance ratio where it must be 1, the clip fractions by side and
+the gradient norm per denoising step."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from peft import LoraConfig
 
+from agents.diagnostics import per_step_gradient_norms
 from sage_trl import SageGRPOTrainer
+from sage_trl.gradient_probe import SPREAD_METRIC, GradientProbe
 from tests.doubles import LinearBackbone, mean_brightness
-from tests.sage_trl.tiny_trainer import PROMPTS, make_args
+from tests.sage_trl.tiny_trainer import PROMPTS, lora, make_args, make_trainer, named_params
 
 
 def train(tmp_path: Path, lora_dropout: float = 0.0, **settings) -> list[dict]:
@@ -54,3 +59,47 @@ def test_the_log_prob_gap_is_logged_per_denoising_step(tmp_path: Path) -> None:
         # Every step's mean over its own pairs: the overall gap lies between the smallest and the largest.
         assert min(steps.values()) - 1e-9 <= record["diagnostics/log_prob_gap"] <= max(steps.values()) + 1e-9
     assert any(max(r[n] for n in r if n.startswith("diagnostics/step_")) > 1e-4 for r in records)  # off-policy steps
+
+
+def test_the_gradient_norm_per_denoising_step_is_measured_without_changing_training(tmp_path: Path) -> None:
+    probed = SageGRPOTrainer(
+        LinearBackbone(), mean_brightness, args=make_args(tmp_path / "probed", max_steps=3, gradient_norm_steps=2),
+        train_dataset=PROMPTS, peft_config=lora(),
+    )  # fmt: skip
+    probed.train()
+    plain = SageGRPOTrainer(
+        LinearBackbone(), mean_brightness, args=make_args(tmp_path / "plain", max_steps=3),
+        train_dataset=PROMPTS, peft_config=lora(),
+    )  # fmt: skip
+    plain.train()
+    for name, value in named_params(probed.backbone.transformer).items():  # the probe only reads gradients
+        assert torch.equal(value, named_params(plain.backbone.transformer)[name]), name
+    records = {r["step"]: r for r in probed.state.log_history if "loss" in r}
+    norms = {step: {n: v for n, v in r.items() if n.endswith("/grad_norm")} for step, r in records.items()}
+    assert norms[1] and norms[3] and not norms[2]  # optimizer steps 1 and 3 (global_step 0 and 2 when computed)
+    assert all(value > 0 for value in norms[1].values())
+    assert records[1][SPREAD_METRIC] == pytest.approx(max(norms[1].values()) / min(norms[1].values()))
+
+
+def test_each_steps_gradient_norm_is_the_norm_of_that_steps_loss_gradient(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path)
+    batches = []
+    trainer._gradient_probe = batches.append  # keep the training batches the trainer built
+    trainer.train()
+    batch = batches[-1]
+    parameters = [p for p in trainer.backbone.transformer.parameters() if p.requires_grad]
+    # Micro-batches of one pair: the per-step gradient is accumulated over them.
+    norms = per_step_gradient_norms(trainer.algorithm, trainer.backbone, batch, trainer.references, parameters, 1)
+    assert sorted(norms) == sorted(set(batch.step_index.tolist()))
+    for step, norm in norms.items():
+        trainer.backbone.transformer.zero_grad()
+        rows = batch.select(torch.nonzero(batch.step_index == step).flatten())
+        trainer.algorithm.loss(trainer.backbone, rows, trainer.references)[0].backward()
+        expected = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in parameters]))
+        assert norm == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_the_gradient_probe_refuses_sharded_weights() -> None:
+    trainer = SimpleNamespace(args=SimpleNamespace(gradient_norm_steps=5), is_fsdp_enabled=True, is_deepspeed_enabled=False)
+    with pytest.raises(ValueError, match="gradient_norm_steps 0"):
+        GradientProbe(trainer)

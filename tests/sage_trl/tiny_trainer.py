@@ -42,12 +42,15 @@ def lora() -> LoraConfig:
     )
 
 
-def make_trainer(tmp_path: Path, reward=mean_brightness, peft: bool = True, **kwargs) -> SageGRPOTrainer:
+def make_trainer(
+    tmp_path: Path, reward=mean_brightness, peft: bool = True, eval_dataset=None, **kwargs
+) -> SageGRPOTrainer:
     return SageGRPOTrainer(
         LinearBackbone(),
         reward,
         args=make_args(tmp_path, **kwargs),
         train_dataset=PROMPTS,
+        eval_dataset=eval_dataset,
         peft_config=lora() if peft else None,
     )
 

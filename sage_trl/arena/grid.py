@@ -1,0 +1,135 @@
+"""The arena's grid: algorithms x tasks x seeds (and ablation variants), as cells with stable names and folders,
+its profiles, and sharding (docs/arena.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sage_trl.arena.tasks import TASKS, task_named
+
+__all__ = ["PROFILES", "STRONG_KL", "VARIANTS", "ArenaGrid", "Cell", "Profile", "parse_shard"]
+
+STRONG_KL = ("--beta", "2", "--anchor_update_steps", "3")
+"""A KL term that matters on the toy's 40 steps: lambda_max 2 (the paper's 1e-5 leaves the KL term negligible there)
+and the moving anchor refreshed every 3 steps, as in docs/benchmarks.md section 8."""
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "sde_flow_grpo": ("--sde", "flow_grpo"),
+    "sde_dance_grpo": ("--sde", "dance_grpo"),
+    "sde_cps": ("--sde", "cps"),
+    "no_equalizer": ("--equalizer", "false"),
+    **{f"kl_{kind}": ("--kl_strategy", kind) for kind in ("none", "fixed", "moving", "stepwise")},
+    **{f"kl_{kind}_strong": ("--kl_strategy", kind, *STRONG_KL) for kind in ("fixed", "moving", "stepwise", "dual")},
+}
+"""The paper's ablations of ``sage_grpo`` (a cell ``sage_grpo+<variant>`` adds these flags): the SDE type (Sec. 3),
+the temporal gradient equalizer off (Sec. 4.2), the KL strategies other than its dual KL (Sec. 3.2.2, Table 2) at
+the paper's coefficients, and each at a coefficient where the KL term matters (`STRONG_KL`)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid: ``algorithm`` (a registered name, the built-ins' or a plug-in's) with an optional
+    ablation ``variant`` of `VARIANTS`, on ``task``, with ``seed``."""
+
+    algorithm: str
+    task: str
+    seed: int
+    variant: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``algorithm`` or ``algorithm+variant``: the row of the report."""
+        return self.algorithm if self.variant is None else f"{self.algorithm}+{self.variant}"
+
+    @property
+    def folder(self) -> Path:
+        """The cell's folder under the arena's output folder: ``cells/<task>/<label>/seed-<seed>``."""
+        return Path("cells") / self.task / self.label / f"seed-{self.seed}"
+
+    def flags(self, extra: tuple[str, ...] = ()) -> list[str]:
+        """The ``sage-train`` arguments of the cell (the output folder aside)."""
+        variant = VARIANTS[self.variant] if self.variant is not None else ()
+        return ["--algorithm", self.algorithm, "--seed", str(self.seed), *task_named(self.task).flags, *variant, *extra]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named grid: its algorithms (None: every registered one), tasks, seeds, ablation variants, and the flags
+    every cell adds (a shorter run for the quick profile)."""
+
+    algorithms: tuple[str, ...] | None
+    tasks: tuple[str, ...]
+    seeds: int
+    variants: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    about: str = ""
+
+
+PROFILES: dict[str, Profile] = {
+    "quick": Profile(
+        None, ("toy", "hackable"), 1,
+        flags=("--max_steps", "8", "--num_eval_prompts", "4", "--eval_seeds", "0", "--eval_steps", "4"),
+        about="every algorithm on two tasks, 8 optimizer steps each: a smoke of the whole arena in minutes",
+    ),
+    "full": Profile(
+        None, tuple(TASKS), 100, variants=tuple(VARIANTS),
+        about="every algorithm on every task with the paper's ablations, the toy preset's full 40-step runs",
+    ),
+}  # fmt: skip
+"""The grids ``sage-arena --profile`` names. The full profile's 100 seeds are chosen for power: the default toy run's
+held-out total changes with a per-seed standard deviation of 0.0245 (10 seeds, README), so 100 seeds per algorithm
+detect a difference of 0.0097 at 80% power (`stats.detectable_difference`; docs/arena.md, "Power"). The report
+states the difference the grid's own spread gives."""
+
+
+@dataclass
+class ArenaGrid:
+    """The cells of one arena, in a fixed order (shards and the report follow it), and the flags every cell adds."""
+
+    algorithms: list[str]
+    tasks: list[str]
+    seeds: list[int]
+    variants: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for task in self.tasks:
+            task_named(task)
+        unknown = [v for v in self.variants if v not in VARIANTS]
+        if unknown:
+            raise ValueError(f"Unknown variants {unknown} (--variants); the variants are {', '.join(VARIANTS)}.")
+        if self.variants and "sage_grpo" not in self.algorithms:
+            raise ValueError("--variants are ablations of sage_grpo: add sage_grpo to --algorithms.")
+        if not self.algorithms or not self.tasks or not self.seeds:
+            raise ValueError("An arena needs at least one algorithm, one task and one seed.")
+
+    def cells(self) -> list[Cell]:
+        """Every cell: task, then algorithm (variants after sage_grpo), then seed."""
+        labels = [(a, None) for a in self.algorithms] + [("sage_grpo", v) for v in self.variants]
+        return [Cell(a, t, s, v) for t in self.tasks for a, v in labels for s in self.seeds]
+
+    def shard(self, index: int, count: int) -> list[Cell]:
+        """Shard ``index`` of ``count`` (1-based): every ``count``-th cell, so each shard gets every task."""
+        return self.cells()[index - 1 :: count]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ArenaGrid:
+        values: dict[str, Any] = json.loads(text)
+        return cls(**values)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> ``(K, N)`` with ``1 <= K <= N``."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard takes K/N (shard K of N, from 1), got {text!r}.") from None
+    if not 1 <= index <= count:
+        raise ValueError(f"--shard K/N needs 1 <= K <= N, got {text!r}.")
+    return index, count

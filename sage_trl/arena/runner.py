@@ -1,0 +1,131 @@
+"""Running the arena's cells: worker processes with one torch thread each, finished cells kept, a cell a kill
+left half-written restarted, and shards' folders merged (docs/arena.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import shutil
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+from sage_trl.arena.cell import RESULT_FILE, read_result, run_cell
+from sage_trl.arena.grid import Cell
+
+__all__ = ["WORKER_LOG", "merge_cells", "run_cells"]
+
+WORKER_LOG = "arena_worker.log"
+"""The worker's output (the ``sage-train`` log of the cell), in the cell's folder."""
+
+
+def _start_worker() -> None:  # runs in each worker process
+    """One torch thread per worker; on Linux the worker dies with the arena (``kill -9`` of the arena leaves no
+    orphan writing a cell)."""
+    import torch
+
+    torch.set_num_threads(1)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _run_in_worker(cell: Cell, cell_dir: Path, flags: Sequence[str]) -> str | None:
+    """Run one cell in this worker process with its output in the cell's log; None on success, else the log's
+    tail. A worker runs cells one after another (imports once); each cell seeds everything it draws."""
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    saved = [os.dup(1), os.dup(2)]
+    with open(cell_dir / WORKER_LOG, "w") as log:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        succeeded = False
+        try:
+            run_cell(cell, cell_dir, tuple(flags))
+            succeeded = True
+        except BaseException:  # the cell failed; the arena goes on with the others
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+    return None if succeeded else (cell_dir / WORKER_LOG).read_text()[-2000:]
+
+
+def run_cells(
+    output_dir: Path, cells: Sequence[Cell], flags: Sequence[str], workers: int, say: Callable[[str], None] = print
+) -> list[Cell]:
+    """Run every cell of ``cells`` not finished yet under ``output_dir`` in ``workers`` worker processes; returns
+    the cells that failed (each one's log says why; the others ran)."""
+    pending = [cell for cell in cells if read_result(output_dir / cell.folder) is None]
+    say(f"{len(cells) - len(pending)} of {len(cells)} cells finished earlier; running {len(pending)}, {workers} at once.")
+    if not pending:
+        return []
+    failed = []
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no state of this process in a cell
+    with _one_thread_environment(), ProcessPoolExecutor(max(1, workers), context, _start_worker) as pool:
+        futures = {cell: pool.submit(_run_in_worker, cell, output_dir / cell.folder, flags) for cell in pending}
+        for done, (cell, future) in enumerate(futures.items(), start=1):
+            try:
+                error = future.result()
+            except BrokenProcessPool as broken:
+                error = f"the worker process died: {broken}"
+            if error is None:
+                say(f"[{done}/{len(pending)}] {cell.folder}: done")
+            else:
+                failed.append(cell)
+                say(f"[{done}/{len(pending)}] {cell.folder}: FAILED (log: {output_dir / cell.folder / WORKER_LOG})\n{error}")
+    return failed
+
+
+@contextlib.contextmanager
+def _one_thread_environment() -> Iterator[None]:
+    """Workers start with one OpenMP / MKL thread (they read it at import; several torch processes with all
+    cores each oversubscribe a machine)."""
+    saved = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ.update(dict.fromkeys(saved, "1"))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def merge_cells(output_dir: Path, sources: Sequence[Path], cells: Sequence[Cell]) -> int:
+    """Copy each finished cell of the shards' folders ``sources`` that ``output_dir`` lacks; a cell finished in
+    both must have the same result (a cell is deterministic). Returns how many were copied."""
+    copied = 0
+    for cell in cells:
+        for source in sources:
+            found = read_result(source / cell.folder)
+            if found is None:
+                continue
+            here = read_result(output_dir / cell.folder)
+            if here is None:
+                if (output_dir / cell.folder).exists():
+                    raise ValueError(
+                        f"{output_dir / cell.folder} holds an unfinished cell: rerun sage-arena there first, or merge "
+                        "into a new --output_dir."
+                    )
+                shutil.copytree(source / cell.folder, output_dir / cell.folder)
+                copied += 1
+            elif _numbers(here) != _numbers(found):
+                raise ValueError(
+                    f"{cell.folder} differs between {output_dir} and {source} ({RESULT_FILE}): the shards ran "
+                    "different code or settings; merge shards of one grid only."
+                )
+    return copied
+
+
+def _numbers(result: dict) -> tuple:
+    """What must agree between two runs of one cell (not the wall time)."""
+    return result["score"], result["gold"], result["flops"]["total"]

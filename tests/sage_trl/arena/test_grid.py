@@ -1,0 +1,65 @@
+"""The arena's grid, shards, tasks and command-line checks (sage_trl.arena.grid, tasks, cli), without running."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sage_trl.arena import PROFILES, TASKS, VARIANTS, ArenaGrid
+from sage_trl.arena.cli import GRID_FILE, arena_main
+from sage_trl.arena.grid import parse_shard
+
+
+def grid(**values) -> ArenaGrid:
+    return ArenaGrid(**{"algorithms": ["sage_grpo", "flow_grpo"], "tasks": ["toy", "hackable"], "seeds": [0, 1, 2],
+                        **values})  # fmt: skip
+
+
+def test_shards_split_the_cells_once_each_with_every_task() -> None:
+    full = grid(variants=["no_equalizer"])
+    cells = full.cells()
+    assert len(cells) == 2 * 3 * 3 and len(set(cells)) == len(cells)
+    shards = [full.shard(k, 4) for k in range(1, 5)]
+    assert sorted(c.folder for s in shards for c in s) == sorted(c.folder for c in cells)
+    assert all({c.task for c in s} == {"toy", "hackable"} for s in shards)
+
+
+def test_a_cell_is_its_tasks_and_variants_flags() -> None:
+    cell = next(c for c in grid(variants=["sde_cps"]).cells() if c.variant == "sde_cps" and c.task == "hackable")
+    assert cell.label == "sage_grpo+sde_cps"
+    assert cell.folder == Path("cells/hackable/sage_grpo+sde_cps/seed-0")
+    flags = cell.flags(("--max_steps", "2"))
+    assert flags[:4] == ["--algorithm", "sage_grpo", "--seed", "0"]
+    assert " ".join([*TASKS["hackable"].flags, *VARIANTS["sde_cps"], "--max_steps", "2"]) in " ".join(flags)
+
+
+def test_the_grid_refuses_what_it_cannot_run() -> None:
+    with pytest.raises(ValueError, match="Unknown arena task 'video'"):
+        grid(tasks=["video"])
+    with pytest.raises(ValueError, match="add sage_grpo"):
+        grid(algorithms=["flow_grpo"], variants=["no_equalizer"])
+    with pytest.raises(ValueError, match="Unknown variants"):
+        grid(variants=["bigger"])
+    for text in ("3", "0/2", "3/2", "a/b"):
+        with pytest.raises(ValueError, match="--shard"):
+            parse_shard(text)
+    assert parse_shard("2/5") == (2, 5)
+
+
+def test_every_profile_is_a_valid_grid() -> None:
+    for profile in PROFILES.values():
+        ArenaGrid(["sage_grpo"], list(profile.tasks), list(range(profile.seeds)), list(profile.variants))
+
+
+def test_the_command_refuses_bad_options_before_running(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    output = ["--output_dir", str(tmp_path / "arena")]
+    assert arena_main(["--algorithms", "sage_grpo,nope", *output]) == 2
+    assert "--algorithms: ['nope'] are not registered" in capsys.readouterr().err
+    assert arena_main(["--algorithms", "flow_grpo", *output]) == 2
+    assert "--baseline sage_grpo is not among --algorithms" in capsys.readouterr().err
+    assert not (tmp_path / "arena").exists()  # nothing written for a refused command
+    assert arena_main(["--algorithms", "sage_grpo", "--seeds", "1", "--report_only", *output]) == 0
+    assert (tmp_path / "arena" / GRID_FILE).is_file()
+    assert arena_main(["--algorithms", "sage_grpo", "--seeds", "2", "--report_only", *output]) == 2
+    assert "holds an arena of another grid" in capsys.readouterr().err
