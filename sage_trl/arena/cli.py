@@ -63,7 +63,12 @@ def _grid(options: argparse.Namespace) -> ArenaGrid:
     if unknown:
         raise ValueError(f"--algorithms: {unknown} are not registered; the algorithms are {', '.join(known)}.")
     seeds = options.seeds or str(profile.seeds)
-    seed_list = list(range(int(seeds))) if "," not in seeds else [int(s) for s in seeds.split(",")]
+    try:
+        seed_list = list(range(int(seeds))) if "," not in seeds else [int(s) for s in seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds takes a count N or comma-separated seeds (0,3,7), got {seeds!r}.") from None
+    if options.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {options.workers}.")
     variants = {None: list(profile.variants), "all": list(VARIANTS), "none": []}.get(options.variants)
     train_flags = [f for f in options.train_flags if f != "--"]
     return ArenaGrid(
@@ -105,7 +110,11 @@ def arena_main(argv: Sequence[str] | None = None) -> int:
     cells = grid.cells() if shard is None else grid.shard(*shard)
     failed = []
     if options.merge:
-        print(f"Merged {merge_cells(options.output_dir, options.merge, grid.cells())} finished cells.")
+        try:
+            print(f"Merged {merge_cells(options.output_dir, options.merge, grid.cells())} finished cells.")
+        except ValueError as error:
+            print(f"sage-arena: error: {error}", file=sys.stderr)
+            return 2
     elif not options.report_only:
         failed = run_cells(options.output_dir, cells, grid.flags, options.workers)
     results, missing = {}, []

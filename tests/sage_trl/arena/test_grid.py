@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from sage_trl.arena import PROFILES, TASKS, VARIANTS, ArenaGrid
+from sage_trl.arena.cell import RESULT_FILE
 from sage_trl.arena.cli import GRID_FILE, arena_main
 from sage_trl.arena.grid import parse_shard
 
@@ -58,8 +60,24 @@ def test_the_command_refuses_bad_options_before_running(tmp_path: Path, capsys: 
     assert "--algorithms: ['nope'] are not registered" in capsys.readouterr().err
     assert arena_main(["--algorithms", "flow_grpo", *output]) == 2
     assert "--baseline sage_grpo is not among --algorithms" in capsys.readouterr().err
+    assert arena_main(["--seeds", "three", *output]) == 2
+    assert "--seeds takes a count N or comma-separated seeds" in capsys.readouterr().err
+    assert arena_main(["--workers", "0", *output]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "arena").exists()  # nothing written for a refused command
     assert arena_main(["--algorithms", "sage_grpo", "--seeds", "1", "--report_only", *output]) == 0
     assert (tmp_path / "arena" / GRID_FILE).is_file()
     assert arena_main(["--algorithms", "sage_grpo", "--seeds", "2", "--report_only", *output]) == 2
     assert "holds an arena of another grid" in capsys.readouterr().err
+
+
+def test_merging_refuses_a_cell_whose_numbers_differ_between_shards(tmp_path: Path, capsys) -> None:
+    options = ["--algorithms", "sage_grpo", "--tasks", "toy", "--seeds", "1"]
+    cell = Path("cells/toy/sage_grpo/seed-0")
+    for folder, score in (("merged", 0.1), ("shard", 0.2)):  # the same cell, finished with different numbers
+        (tmp_path / folder / cell).mkdir(parents=True)
+        result = {"score": score, "gold": 0.0, "flops": {"total": 1.0}}
+        (tmp_path / folder / cell / RESULT_FILE).write_text(json.dumps(result))
+    code = arena_main([*options, "--output_dir", str(tmp_path / "merged"), "--merge", str(tmp_path / "shard")])
+    assert code == 2 and "differs between" in capsys.readouterr().err
+    assert json.loads((tmp_path / "merged" / cell / RESULT_FILE).read_text())["score"] == 0.1  # left as it was
