@@ -99,4 +99,3 @@ def training_curve(run_dir: Path, task: Any, train_flops: float, steps: int) -> 
         }
         for r in points
     ]
-

@@ -51,18 +51,32 @@ def _flops(value: float) -> str:
     return "not reached" if math.isinf(value) else f"{value:.3g}"
 
 
+def _curves(results: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The evaluations' training FLOPs and the seeds' score curves (seeds x evaluations); None unless every seed
+    has the same evaluations."""
+    curves = [r["curve"] for r in results]
+    if not curves or not curves[0] or any(len(c) != len(curves[0]) for c in curves):
+        return None
+    return np.array([point["flops"] for point in curves[0]]), np.array([[p["score"] for p in c] for c in curves])
+
+
 def _reach(results: list[dict[str, Any]], target: float) -> str:
     """Compute to reach ``target`` on the mean curve of the cells, with its interval over seeds."""
-    curves = [r["curve"] for r in results]
-    if target <= 0 or not curves or not curves[0] or any(len(c) != len(curves[0]) for c in curves):
+    curves = _curves(results)
+    if target <= 0 or curves is None:
         return "n/a"
-    flops = np.array([point["flops"] for point in curves[0]])
-    scores = np.array([[point["score"] for point in curve] for curve in curves])
-    point, low, high = stats.reach_interval(flops, scores, target)
+    point, low, high = stats.reach_interval(*curves, target)
     return f"{_flops(point)} [{_flops(low)}, {_flops(high)}]"
 
 
-def _task_table(task: str, by_label: dict[str, list[dict[str, Any]]], baseline: str) -> list[str]:
+def _iqm_interval(values: list[float]) -> tuple[float, float, float]:
+    """The IQM of ``values`` and its 95% bootstrap interval."""
+    return (stats.iqm(values), *stats.bootstrap_interval([values], stats.iqm))
+
+
+def _task_table(
+    by_label: dict[str, list[dict[str, Any]]], baseline: str, score_iqm: dict[str, tuple[float, float, float]]
+) -> list[str]:
     base = by_label[baseline]
     target = REACH_FRACTION * float(np.mean([r["score"] for r in base]))
     header = (
@@ -72,22 +86,24 @@ def _task_table(task: str, by_label: dict[str, list[dict[str, Any]]], baseline: 
     )
     lines = [header, "|---" * 8 + "|"]
     for label, results in by_label.items():
-        scores, golds = [r["score"] for r in results], [r["gold"] for r in results]
-        low, high = stats.bootstrap_interval([scores], stats.iqm)
-        gold_low, gold_high = stats.bootstrap_interval([golds], stats.iqm)
+        scores = [r["score"] for r in results]
+        iqm, low, high = score_iqm[label]
+        gold, gold_low, gold_high = _iqm_interval([r["gold"] for r in results])
         better = stats.probability_of_improvement([scores], [[r["score"] for r in base]])
         versus = "baseline" if label == baseline else f"{better[0]:.2f} [{better[1]:.2f}, {better[2]:.2f}]"
         flops = float(np.mean([r["flops"]["train"] for r in results]))
         lines.append(
-            f"| `{label}` | {len(results)} | {stats.iqm(scores):+.4f} {_interval(low, high)} | {np.mean(scores):+.4f} "
-            f"| {stats.iqm(golds):+.5f} {_interval(gold_low, gold_high, 5)} | {versus} | {flops:.3g} | "
+            f"| `{label}` | {len(results)} | {iqm:+.4f} {_interval(low, high)} | {np.mean(scores):+.4f} "
+            f"| {gold:+.5f} {_interval(gold_low, gold_high, 5)} | {versus} | {flops:.3g} | "
             f"{_reach(results, target)} |"
         )
     return lines
 
 
-def _task_section(task: str, by_label: dict[str, list[dict[str, Any]]], baseline: str, figures: list[str]) -> list[str]:
+def _task_section(output_dir: Path, task: str, by_label: dict[str, list[dict[str, Any]]], baseline: str) -> list[str]:
+    """The task's heading, what it tests, its detectable difference, its table and figures (written here)."""
     spec = task_named(task)
+    score_iqm = {label: _iqm_interval([r["score"] for r in results]) for label, results in by_label.items()}
     direction = "" if spec.higher_is_better else " (its fall: lower is better)"
     detectable = stats.detectable_difference([[r["score"] for r in results] for results in by_label.values()])
     power = (
@@ -98,7 +114,12 @@ def _task_section(task: str, by_label: dict[str, list[dict[str, Any]]], baseline
     lines = [f"## Task `{task}`", "", spec.tests, "",
              f"Score: the held-out change of `{spec.score}`{direction}, after training minus before. Gold: the fall of "
              f"`{spec.gold}`, the distance to the world's own videos (the score no reward can fool).", "", power, ""]  # fmt: skip
-    lines += _task_table(task, by_label, baseline)
+    lines += _task_table(by_label, baseline, score_iqm)
+    figures = [
+        _iqm_figure(output_dir / f"iqm_{task}.png", task, score_iqm),
+        _profile_figure(output_dir / f"profile_{task}.png", task, by_label),
+        _compute_figure(output_dir / f"compute_{task}.png", by_label),
+    ]
     lines += [""] + [f"![{name}]({name})" for name in figures]
     return lines
 
@@ -119,56 +140,62 @@ def _aggregate(results: Results, baseline: str) -> list[str]:
     return lines
 
 
-def _figures(output_dir: Path, task: str, by_label: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """The task's interval plot, performance profile and score-against-compute curves; their file names."""
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = list(by_label)
-    scores = {label: [r["score"] for r in by_label[label]] for label in labels}
-    names = [f"iqm_{task}.png", f"profile_{task}.png", f"compute_{task}.png"]
-    figure, axis = plt.subplots(figsize=(6, 0.4 * len(labels) + 1.2))
-    for row, label in enumerate(labels):
-        low, high = stats.bootstrap_interval([scores[label]], stats.iqm)
+    return plt
+
+
+def _iqm_figure(path: Path, task: str, score_iqm: dict[str, tuple[float, float, float]]) -> str:
+    """Each row's IQM and interval, in the table's order; the file's name."""
+    figure, axis = _pyplot().subplots(figsize=(6, 0.4 * len(score_iqm) + 1.2))
+    for row, (iqm, low, high) in enumerate(score_iqm.values()):
         axis.plot([low, high], [row, row], linewidth=6, alpha=0.4)
-        axis.plot([stats.iqm(scores[label])], [row], "k|", markersize=12)
-    axis.set_yticks(range(len(labels)), labels)
+        axis.plot([iqm], [row], "k|", markersize=12)
+    axis.set_yticks(range(len(score_iqm)), list(score_iqm))
     axis.invert_yaxis()  # the table's order, top to bottom
     axis.axvline(0, color="grey", linewidth=0.8)
     axis.set_xlabel(f"IQM of the held-out score, 95% bootstrap CI ({task})")
-    _save(figure, output_dir / names[0])
+    return _save(figure, path)
+
+
+def _profile_figure(path: Path, task: str, by_label: dict[str, list[dict[str, Any]]]) -> str:
+    """The performance profiles of the rows; the file's name."""
+    scores = {label: [r["score"] for r in results] for label, results in by_label.items()}
     every = np.concatenate([np.asarray(v) for v in scores.values()])
     thresholds = np.linspace(every.min() - 1e-9, every.max(), 100)
-    figure, axis = plt.subplots(figsize=(6, 3.5))
+    figure, axis = _pyplot().subplots(figsize=(6, 3.5))
     axis.set_prop_cycle(_LINE_STYLES)
-    for label in labels:
-        axis.plot(thresholds, stats.performance_profile(scores[label], thresholds), drawstyle="steps-post", label=label)
+    for label, values in scores.items():
+        axis.plot(thresholds, stats.performance_profile(values, thresholds), drawstyle="steps-post", label=label)
     axis.set_xlabel(f"held-out score threshold ({task})")
     axis.set_ylabel("fraction of runs above")
     axis.legend(fontsize="x-small")
-    _save(figure, output_dir / names[1])
-    figure, axis = plt.subplots(figsize=(6, 3.5))
+    return _save(figure, path)
+
+
+def _compute_figure(path: Path, by_label: dict[str, list[dict[str, Any]]]) -> str:
+    """Each row's mean held-out score curve against training FLOPs; the file's name."""
+    figure, axis = _pyplot().subplots(figsize=(6, 3.5))
     axis.set_prop_cycle(_LINE_STYLES)
-    for label in labels:
-        curves = [r["curve"] for r in by_label[label] if r["curve"]]
-        if curves and all(len(c) == len(curves[0]) for c in curves):
-            axis.plot([p["flops"] for p in curves[0]], np.mean([[p["score"] for p in c] for c in curves], axis=0),
-                      marker=".", label=label)  # fmt: skip
+    for label, results in by_label.items():
+        curves = _curves(results)
+        if curves is not None:
+            axis.plot(curves[0], curves[1].mean(axis=0), marker=".", label=label)
     axis.set_xlabel("training FLOPs (rollouts and training)")
     axis.set_ylabel("held-out score, mean over seeds")
     axis.legend(fontsize="x-small")
-    _save(figure, output_dir / names[2])
-    return names
+    return _save(figure, path)
 
 
-def _save(figure: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
+def _save(figure: Any, path: Path) -> str:
     figure.tight_layout()
     figure.savefig(path, dpi=100, metadata={"Software": None})  # no version stamp: the same cells, the same bytes
-    plt.close(figure)
+    _pyplot().close(figure)
+    return path.name
 
 
 def _context(command: str, grid_text: str) -> list[str]:
@@ -211,7 +238,7 @@ def write_report(output_dir: Path, results: Results, baseline: str, command: str
         if baseline not in by_label:
             body += [f"## Task `{task}`", "", f"The baseline `{baseline}` has no finished cell here.", ""]
             continue
-        body += [*_task_section(task, by_label, baseline, _figures(output_dir, task, by_label)), ""]
+        body += [*_task_section(output_dir, task, by_label, baseline), ""]
     if any(baseline in by_label for by_label in results.values()):
         body += [*_aggregate(results, baseline), ""]
     body.append(RESULTS_END)

@@ -24,11 +24,8 @@ WORKER_LOG = "arena_worker.log"
 
 
 def _start_worker() -> None:  # runs in each worker process
-    """One torch thread per worker; on Linux the worker dies with the arena (``kill -9`` of the arena leaves no
-    orphan writing a cell)."""
-    import torch
-
-    torch.set_num_threads(1)
+    """On Linux the worker dies with the arena (``kill -9`` of the arena leaves no orphan writing a cell); each
+    cell sets its one torch thread itself (`run_cell`)."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
