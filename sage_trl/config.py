@@ -244,7 +244,8 @@ class SageGRPOFields(GRPOConfig):
     gradient_norm_steps: int = hyperparameter(
         0,
         "Every this many optimizer steps (the first included), backpropagate each denoising step's loss on its own "
-        "(over the step's first gradient-accumulation part) and log its gradient norm (diagnostics/step_<k>/grad_norm) and their spread, largest over smallest "
+        "(over the step's first gradient-accumulation part) and log its gradient norm "
+        "(diagnostics/step_<k>/grad_norm) and their spread, largest over smallest "
         "(diagnostics/grad_norm_spread): the paper's Fig. 4, live, and how far the temporal gradient equalizer "
         "(Eq. 9) flattens it. Costs one more forward and backward of that part's pairs on those steps; training is "
         "unchanged. 0: off (recommended for long runs; 10 on the toy). Not with FSDP or DeepSpeed.",

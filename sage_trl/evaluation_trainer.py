@@ -5,8 +5,8 @@ transformers decides when to evaluate (``eval_strategy="steps"`` with ``eval_ste
 deterministically, scores the videos with the training reward, the evaluation rewards (``eval_reward_funcs``,
 logged and never optimised) and, on the toy world, its own measures, logs the means through ``Trainer.log`` (so
 every ``report_to`` tracker and ``metrics.jsonl`` receive them, keyed by step), writes the videos into the run
-folder (`layout.EVAL_SAMPLES_FOLDER`) and shows them in TensorBoard, Weights & Biases and Trackio. ``sage-train``'s before/after evaluation is
-`held_out_evaluation`, the same sampling and scores.
+folder (`layout.EVAL_SAMPLES_FOLDER`) and shows them in TensorBoard, Weights & Biases and Trackio. ``sage-train``'s
+before/after evaluation is `held_out_evaluation`, the same sampling and scores.
 
 A resumed run continues the schedule: transformers evaluates a step before it checkpoints it, so a checkpoint's
 ``trainer_state.json`` holds the evaluations up to its step, ``metrics.jsonl`` and the sample files are cut back
@@ -26,7 +26,14 @@ import torch
 from transformers.trainer_utils import speed_metrics
 
 from sage_trl import training_setup as setup
-from sage_trl.evaluation import EvaluationResult, evaluate_policy, evaluation_metrics, world_measures
+from sage_trl.evaluation import (
+    TRAINING_REWARD_PREFIX,
+    EvaluationResult,
+    evaluate_policy,
+    evaluation_metrics,
+    metric_name,
+    world_measures,
+)
 from sage_trl.outputs import log_video_to_trackers, save_video_gif
 from sage_trl.run_folder import layout
 from sage_trl.run_folder.manifest import record_entries
@@ -103,7 +110,8 @@ class EvaluationTrainerMixin:
         """The held-out evaluation (`held_out_evaluation`) logged at the current step: metrics named by
         `sage_trl.evaluation.evaluation_metrics` (``eval_reward/total``, ...) to every tracker and
         ``metrics.jsonl``, the videos to ``eval_samples/`` and the video-capable trackers. An evaluation of the
-        trainer's own prompts already logged at this step (a resumed run's ``eval_on_start``) is returned, not repeated."""
+        trainer's own prompts already logged at this step (a resumed run's ``eval_on_start``) is returned, not
+        repeated."""
         logged = self._logged_evaluation(metric_key_prefix) if eval_dataset is None else None
         if logged is not None:
             return logged
@@ -120,7 +128,7 @@ class EvaluationTrainerMixin:
 
     def _logged_evaluation(self, prefix: str) -> dict[str, float] | None:
         """The metrics of an evaluation logged at the current step (``trainer_state.json``'s log history)."""
-        marker = f"{prefix}_reward/total"
+        marker = metric_name(TRAINING_REWARD_PREFIX + "total", prefix)
         for record in reversed(self.state.log_history):
             if record.get("step") == self.state.global_step and marker in record:
                 return {key: value for key, value in record.items() if key.startswith(f"{prefix}_")}

@@ -52,10 +52,9 @@ class GradientProbe:
         for step, norm in norms.items():
             local[0, step], local[1, step] = norm, 1.0
         summed = trainer.accelerator.reduce(local, "sum").tolist()
-        means = [total / count for total, count in zip(*summed) if count]
+        means = {step: total / count for step, (total, count) in enumerate(zip(*summed)) if count}
         metrics = trainer._metrics["train"]
-        for step, (total, count) in enumerate(zip(*summed)):
-            if count:
-                metrics[per_step_prefix(step) + GRADIENT_NORM].append(total / count)
-        if len(means) > 1 and min(means) > 0:
-            metrics[SPREAD_METRIC].append(max(means) / min(means))
+        for step, mean in means.items():
+            metrics[per_step_prefix(step) + GRADIENT_NORM].append(mean)
+        if len(means) > 1 and min(means.values()) > 0:
+            metrics[SPREAD_METRIC].append(max(means.values()) / min(means.values()))

@@ -14,6 +14,7 @@ import torch
 from transformers import TrainerCallback
 
 from sage_env.video_io import write_video
+from sage_trl.evaluation import metric_name
 from sage_trl.run_folder.manifest import record_entries
 from sage_trl.run_folder.writes import guarded_write
 
@@ -147,7 +148,7 @@ def plot_reward_curves(metrics_path: str | os.PathLike, output_dir: str | os.Pat
     names = sorted({k for r in records for k in r if k.startswith("reward/") and k not in _NOT_REWARDS})
     written = []
     for name in names:
-        points, evaluations = _points(records, name), _points(records, f"eval_{name}")
+        points, evaluations = _points(records, name), _points(records, metric_name(name))
         if not points:
             continue
         figure, axis = plt.subplots(figsize=(5, 3.2))
