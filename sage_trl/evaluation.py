@@ -8,7 +8,9 @@ a better model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +18,7 @@ import torch
 from sage_env.backbones import VideoBackbone
 from sage_env.env import sample
 from sage_env.models import SamplingDefaults
-from sage_env.rewards import CompositeReward
+from sage_env.rewards import CompositeReward, RewardOutput
 
 __all__ = [
     "EVAL_REWARD_PREFIX",
@@ -32,6 +34,7 @@ __all__ = [
     "is_evaluation_record",
     "logged_name",
     "metric_name",
+    "sampling_held_out",
     "world_measures",
 ]
 
@@ -103,6 +106,25 @@ def _nanstd(scores: torch.Tensor) -> float:
     return float(finite.std(unbiased=False)) if finite.numel() > 1 else 0.0
 
 
+_SAMPLING_HELD_OUT: ContextVar[bool] = ContextVar("sampling_held_out", default=False)
+
+
+def sampling_held_out() -> bool:
+    """True while `evaluate_policy` samples and scores held-out prompts, in its thread: a forward hook tells the
+    evaluation's transformer forwards from the training's by it (the arena's compute counter,
+    `sage_trl.arena.compute`)."""
+    return _SAMPLING_HELD_OUT.get()
+
+
+@contextmanager
+def _held_out_sampling() -> Iterator[None]:
+    token = _SAMPLING_HELD_OUT.set(True)
+    try:
+        yield
+    finally:
+        _SAMPLING_HELD_OUT.reset(token)
+
+
 def evaluate_policy(
     backbone: VideoBackbone,
     reward: CompositeReward,
@@ -126,25 +148,19 @@ def evaluate_policy(
     if len(prompts) != len(seeds):
         raise ValueError(f"Need one seed per prompt, got {len(prompts)} prompts and {len(seeds)} seeds.")
     batches = [slice(start, start + batch_size) for start in range(0, len(prompts), batch_size)]
-    parts = [
-        sample(
-            backbone,
-            list(prompts[rows]),
-            list(seeds[rows]),
-            sampling,
-            negative_prompt=negative_prompt,
-            reward=reward,
-        )
-        for rows in batches
-    ]
-    rewards = [trajectory.rewards for trajectory in parts]
+    with _held_out_sampling():
+        parts = [
+            sample(backbone, list(prompts[rows]), list(seeds[rows]), sampling, negative_prompt=negative_prompt, reward=reward)
+            for rows in batches
+        ]
+    rewards = RewardOutput.concat([trajectory.rewards for trajectory in parts])
     videos = torch.cat([trajectory.videos.cpu() for trajectory in parts])
     fps = (sampling or backbone.sampling_defaults).filled_from(backbone.sampling_defaults).fps
     return EvaluationResult(
         prompts=list(prompts),
         seeds=list(seeds),
-        components={name: torch.cat([r.components[name] for r in rewards]) for name in rewards[0].components},
-        total=torch.cat([r.total for r in rewards]),
+        components=rewards.components,
+        total=rewards.total,
         videos=videos,
         measures=measure(videos, list(prompts)) if measure is not None else {},
         eval_rewards=_eval_reward_scores(eval_reward, videos, list(prompts), fps) if eval_reward is not None else {},

@@ -108,21 +108,34 @@ class RewardOutput:
 
     @classmethod
     def concat(cls, parts: Sequence[RewardOutput]) -> RewardOutput:
-        """The scores of several batches as one (the same components in each); failed calls add up."""
+        """The scores of several batches as one (the same components in each); failed calls add up. A batch on
+        which the reward functions failed for every sample has no components (their names were never seen): its
+        rows are NaN in every component of the others, as they are invalid."""
         if not parts:
             raise ValueError("Cannot concatenate an empty list of reward outputs.")
-        names = parts[0].components.keys()
-        if any(part.components.keys() != names for part in parts):
-            raise ValueError("Reward outputs with different components cannot be concatenated.")
+        scored = [part for part in parts if part.components]
+        names = scored[0].components.keys() if scored else {}.keys()
+        if any(part.components.keys() != names for part in scored):
+            raise ValueError(
+                "Reward outputs with different components cannot be concatenated: "
+                f"{sorted({tuple(sorted(part.components)) for part in scored})}."
+            )
         weights = {name: w for part in parts for name, w in part.weights.items()}
         return cls(
             total=torch.cat([part.total for part in parts]),
-            components={name: torch.cat([part.components[name] for part in parts]) for name in names},
+            components={name: torch.cat([_scores_of(part, name) for part in parts]) for name in names},
             valid=torch.cat([part.valid for part in parts]),
             errors=[error for part in parts for error in part.errors],
             weights=weights,
             failed_calls=sum(part.failed_calls for part in parts),
         )
+
+
+def _scores_of(part: RewardOutput, name: str) -> torch.Tensor:
+    """Component ``name`` of ``part``, NaN for a batch whose every reward call failed (no components)."""
+    if part.components:
+        return part.components[name]
+    return torch.full_like(part.total, math.nan, dtype=torch.float32)
 
 
 def check_videos(videos: torch.Tensor, num_prompts: int | None = None) -> None:

@@ -111,7 +111,7 @@ def arena_main(argv: Sequence[str] | None = None) -> int:
     failed = []
     if options.merge:
         try:
-            print(f"Merged {merge_cells(options.output_dir, options.merge, grid.cells())} finished cells.")
+            print(f"Merged {merge_cells(options.output_dir, options.merge, grid.cells(), grid.flags)} finished cells.")
         except ValueError as error:
             print(f"sage-arena: error: {error}", file=sys.stderr)
             return 2

@@ -17,23 +17,24 @@ __all__ = ["TransformerRowCounter", "count_transformer_rows"]
 class TransformerRowCounter:
     """A global module forward hook counting the rows of every top-level diffusers transformer forward, by kind:
     ``grad`` (training forwards, priced with their backward), ``no_grad`` (rollouts, references, old policies) and
-    ``evaluation`` (held-out evaluations, while `evaluating` is set)."""
+    ``evaluation`` (held-out evaluations: `sage_trl.evaluation.sampling_held_out`)."""
 
     KINDS = ("grad", "no_grad", "evaluation")
 
     def __init__(self) -> None:
         self.rows = dict.fromkeys(self.KINDS, 0)
-        self.evaluating = False
         self.module: torch.nn.Module | None = None
         self.inputs: dict[str, torch.Tensor] = {}
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         from diffusers import ModelMixin
 
+        from sage_trl.evaluation import sampling_held_out
+
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         if not isinstance(module, ModelMixin) or not isinstance(hidden, torch.Tensor):
             return
-        kind = "evaluation" if self.evaluating else "grad" if torch.is_grad_enabled() else "no_grad"
+        kind = "evaluation" if sampling_held_out() else "grad" if torch.is_grad_enabled() else "no_grad"
         self.rows[kind] += int(hidden.shape[0])
         if self.module is None:
             self.module = module
@@ -63,24 +64,11 @@ class TransformerRowCounter:
 
 @contextlib.contextmanager
 def count_transformer_rows() -> Iterator[TransformerRowCounter]:
-    """Count every transformer forward in this process while the block runs; `SageGRPOTrainer`'s held-out
-    evaluations count as ``evaluation`` (its ``held_out_evaluation`` is wrapped for the block)."""
-    from sage_trl.evaluation_trainer import EvaluationTrainerMixin
-
+    """Count every transformer forward in this process while the block runs; the forwards of held-out evaluations
+    (`sage_trl.evaluation.evaluate_policy`, the trainer's included) count as ``evaluation``."""
     counter = TransformerRowCounter()
-    original = EvaluationTrainerMixin.held_out_evaluation
-
-    def counted(trainer: Any, *args: Any, **kwargs: Any) -> Any:
-        counter.evaluating = True
-        try:
-            return original(trainer, *args, **kwargs)
-        finally:
-            counter.evaluating = False
-
     handle = torch.nn.modules.module.register_module_forward_hook(counter, with_kwargs=True)
-    EvaluationTrainerMixin.held_out_evaluation = counted
     try:
         yield counter
     finally:
-        EvaluationTrainerMixin.held_out_evaluation = original
         handle.remove()

@@ -97,15 +97,22 @@ def _one_thread_environment() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def merge_cells(output_dir: Path, sources: Sequence[Path], cells: Sequence[Cell]) -> int:
-    """Copy each finished cell of the shards' folders ``sources`` that ``output_dir`` lacks; a cell finished in
-    both must have the same result (a cell is deterministic). Returns how many were copied."""
+def merge_cells(output_dir: Path, sources: Sequence[Path], cells: Sequence[Cell], flags: Sequence[str]) -> int:
+    """Copy each finished cell of the shards' folders ``sources`` that ``output_dir`` lacks; a cell must have run
+    with the grid's flags (``flags``: what every cell adds), and a cell finished in both must have the same result
+    (a cell is deterministic). Returns how many were copied."""
     copied = 0
     for cell in cells:
         for source in sources:
             found = read_result(source / cell.folder)
             if found is None:
                 continue
+            if found.get("flags") != cell.flags(tuple(flags)):
+                raise ValueError(
+                    f"{source / cell.folder} ran as `sage-train {' '.join(found.get('flags') or [])}`, not as this "
+                    f"grid's `sage-train {' '.join(cell.flags(tuple(flags)))}`: merge shards run with the same "
+                    "options (profile, tasks and flags after --) only."
+                )
             here = read_result(output_dir / cell.folder)
             if here is None:
                 if (output_dir / cell.folder).exists():

@@ -63,6 +63,24 @@ def test_every_algorithm_trains_on_a_single_environment_of_every_registered_id(
         assert _trains(agent, _episodes(env, agent, 2)), name
 
 
+def test_an_episode_whose_reward_failed_is_left_out_and_the_others_train() -> None:
+    """A reward that raised on one single-video episode (its output then has no components) stopped the update
+    of the episodes together with 'Reward outputs with different components cannot be concatenated'."""
+    calls = {"count": 0}
+
+    def flaky(videos: torch.Tensor, prompts: list[str], **kwargs: object) -> torch.Tensor:
+        calls["count"] += 1
+        if calls["count"] == 2:
+            raise ConnectionError("reward server restarting")
+        return mean_brightness(videos, prompts)
+
+    env = gym.make("sage_env/Toy-v0", num_steps=4, sde_window=(0, 2), reward_fn=flaky)
+    agent = agents.make("sage_grpo", env=env, learning_rate=1e-2)
+    episodes = _episodes(env, agent, 3)
+    assert [bool(e.rewards.valid.all()) for e in episodes] == [True, False, True]
+    assert _trains(agent, episodes)
+
+
 @pytest.mark.parametrize("name", sorted(TREES))
 def test_a_tree_algorithm_refuses_a_single_environment_with_the_fix(name: str) -> None:
     with pytest.raises(ValueError, match=r"num_generations 1 \(the environment's group_size\) is not a power"):

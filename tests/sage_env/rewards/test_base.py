@@ -243,6 +243,28 @@ def test_whole_batch_failure_marks_every_sample_invalid_and_counts_the_call() ->
         assert output.errors == ["reward 'broken' raised ModelCrashError: out of memory"] * size
 
 
+def test_batches_concatenate_around_one_whose_every_sample_failed() -> None:
+    """Rollouts and evaluations score in batches (rollout_batch_size); a batch the reward failed on whole has no
+    component names. Concatenating it raised 'different components' and stopped the run."""
+    reward = CompositeReward(_fails_on("prompt 5"))
+    scored, failed = reward(_videos(), _prompts()), reward(_videos(2), ["prompt 5", "prompt 5"])
+    assert failed.components == {}
+    for parts in ([scored, failed], [failed, scored]):
+        output = RewardOutput.concat(parts)
+        assert output.components.keys() == scored.components.keys()
+        failed_rows = slice(BATCH, None) if parts[0] is scored else slice(0, 2)
+        assert all(values[failed_rows].isnan().all() for values in output.components.values())
+        assert output.valid.tolist().count(False) == 2 and output.failed_calls == 1
+    only_failed = RewardOutput.concat([failed, failed])
+    assert only_failed.components == {} and not only_failed.valid.any()
+
+
+def test_batches_with_other_components_are_refused() -> None:
+    with pytest.raises(ValueError, match="different components"):
+        RewardOutput.concat([CompositeReward(brightness)(_videos(), _prompts()), CompositeReward(
+            videoalign_like)(_videos(), _prompts())])
+
+
 def test_failure_of_one_function_keeps_the_weights_of_the_others() -> None:
     def broken(videos: torch.Tensor, prompts: list[str], **kwargs: object) -> torch.Tensor:
         raise RuntimeError("server down")

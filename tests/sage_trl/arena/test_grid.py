@@ -10,7 +10,7 @@ import pytest
 from sage_trl.arena import PROFILES, TASKS, VARIANTS, ArenaGrid
 from sage_trl.arena.cell import RESULT_FILE
 from sage_trl.arena.cli import GRID_FILE, arena_main
-from sage_trl.arena.grid import parse_shard
+from sage_trl.arena.grid import Cell, parse_shard
 
 
 def grid(**values) -> ArenaGrid:
@@ -71,13 +71,30 @@ def test_the_command_refuses_bad_options_before_running(tmp_path: Path, capsys: 
     assert "holds an arena of another grid" in capsys.readouterr().err
 
 
+MERGE_OPTIONS = ["--algorithms", "sage_grpo", "--tasks", "toy", "--seeds", "1"]
+MERGED_CELL = Cell("sage_grpo", "toy", 0)
+
+
+def finished_cell(folder: Path, score: float, flags: list[str]) -> None:
+    (folder / MERGED_CELL.folder).mkdir(parents=True)
+    result = {"score": score, "gold": 0.0, "flops": {"total": 1.0}, "flags": flags}
+    (folder / MERGED_CELL.folder / RESULT_FILE).write_text(json.dumps(result))
+
+
 def test_merging_refuses_a_cell_whose_numbers_differ_between_shards(tmp_path: Path, capsys) -> None:
-    options = ["--algorithms", "sage_grpo", "--tasks", "toy", "--seeds", "1"]
-    cell = Path("cells/toy/sage_grpo/seed-0")
+    flags = MERGED_CELL.flags(PROFILES["quick"].flags)
     for folder, score in (("merged", 0.1), ("shard", 0.2)):  # the same cell, finished with different numbers
-        (tmp_path / folder / cell).mkdir(parents=True)
-        result = {"score": score, "gold": 0.0, "flops": {"total": 1.0}}
-        (tmp_path / folder / cell / RESULT_FILE).write_text(json.dumps(result))
-    code = arena_main([*options, "--output_dir", str(tmp_path / "merged"), "--merge", str(tmp_path / "shard")])
+        finished_cell(tmp_path / folder, score, flags)
+    code = arena_main([*MERGE_OPTIONS, "--output_dir", str(tmp_path / "merged"), "--merge", str(tmp_path / "shard")])
     assert code == 2 and "differs between" in capsys.readouterr().err
-    assert json.loads((tmp_path / "merged" / cell / RESULT_FILE).read_text())["score"] == 0.1  # left as it was
+    assert json.loads((tmp_path / "merged" / MERGED_CELL.folder / RESULT_FILE).read_text())["score"] == 0.1
+
+
+def test_merging_refuses_a_cell_run_with_other_flags(tmp_path: Path, capsys) -> None:
+    """A shard of another profile (or other flags after --) held cells of the same names with other runs behind
+    them; the merge copied them in silently."""
+    finished_cell(tmp_path / "shard", 0.2, MERGED_CELL.flags(PROFILES["full"].flags))  # a 40-step cell
+    code = arena_main([*MERGE_OPTIONS, "--output_dir", str(tmp_path / "merged"), "--merge", str(tmp_path / "shard")])
+    error = capsys.readouterr().err
+    assert code == 2 and "not as this grid's" in error and "--max_steps 8" in error
+    assert not (tmp_path / "merged" / MERGED_CELL.folder).exists()

@@ -1,0 +1,43 @@
+"""`sage_trl.evaluation.evaluate_policy`: deterministic held-out videos scored in batches, a batch the reward failed
+on whole kept as NaN rows, and `sampling_held_out` set only while it samples."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sage_env.backbones.toy import ToyBackbone
+from sage_env.rewards import CompositeReward
+from sage_trl.evaluation import evaluate_policy, sampling_held_out
+
+PROMPTS = ["a red square moving left", "a blue circle moving up", "a green square moving right"]
+
+
+def test_a_batch_the_reward_failed_on_whole_is_nan_and_the_others_are_scored() -> None:
+    """The evaluation concatenated the batches' components itself and raised KeyError('brightness') when one batch
+    (here of one video) had none because its reward call failed."""
+    seen = []
+
+    def brightness(videos: torch.Tensor, prompts: list[str], **kwargs: object) -> torch.Tensor:
+        seen.append(sampling_held_out())
+        if "a blue circle moving up" in prompts:
+            raise ConnectionError("reward server restarting")
+        return videos.mean(dim=(1, 2, 3, 4))
+
+    backbone = ToyBackbone.from_scratch(seed=0)
+    result = evaluate_policy(backbone, CompositeReward(brightness), PROMPTS, [0, 0, 1], batch_size=1)
+    scores = result.components["brightness"]
+    assert torch.isnan(scores[1]) and torch.isfinite(scores[[0, 2]]).all()
+    assert result.means()["brightness"] == float(scores[[0, 2]].mean())
+    again = evaluate_policy(backbone, CompositeReward(brightness), PROMPTS[:1], [0])
+    assert torch.equal(again.videos[0], result.videos[0])  # the same prompt and seed, the same video
+    assert seen and all(seen) and not sampling_held_out()
+
+
+def test_every_batch_failing_leaves_no_component_and_a_nan_total() -> None:
+    def broken(videos: torch.Tensor, prompts: list[str], **kwargs: object) -> torch.Tensor:
+        raise ConnectionError("reward server down")
+
+    result = evaluate_policy(ToyBackbone.from_scratch(seed=0), CompositeReward(broken), PROMPTS, [0, 0, 0], batch_size=2)
+    assert result.components == {} and math.isnan(result.means()["total"])
