@@ -25,14 +25,15 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks import reporting
-from sage_trl.alarms import HELD_OUT_TOTAL, component_changes, default_rules, replay
+from sage_trl.alarms import HELD_OUT_TOTAL, default_rules, replay
 from sage_trl.evaluation import HELD_OUT_EVAL_REWARD, HELD_OUT_WORLD, is_evaluation_record
 
-__all__ = ["KINDS", "closest_component_divergence", "hackable_row", "report"]
+__all__ = ["KINDS", "firing_threshold", "hackable_row", "report"]
 
 KINDS: dict[str, tuple[str, ...]] = {
     "hackable": ("--reward", "toy_hackable", "--eval_reward", "toy", "--eval_steps", "2"),
@@ -93,18 +94,24 @@ def hackable_row(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def closest_component_divergence(records: list[dict[str, Any]]) -> float:
-    """How close the run came to the ``component_divergence`` rule's threshold (it fires above it): over its
-    windows, ``min(rise, fall)`` of two held-out reward components, taken at ``patience`` evaluations in a row (the
-    smallest of them) and maximised over the run."""
-    rule = next(rule for rule in default_rules() if rule.name == "component_divergence")
-    evaluations = _evaluations(records)
-    per_window = []
-    for end in range(rule.window, len(evaluations)):
-        changes = list(component_changes(evaluations[: end + 1], rule.window).values())
-        per_window.append(min(max(changes), -min(changes)) if changes else 0.0)
-    runs = [min(per_window[i : i + rule.patience]) for i in range(len(per_window) - rule.patience + 1)]
-    return max([0.0, *runs])
+def firing_threshold(records: list[dict[str, Any]], name: str) -> float:
+    """How close a run came to the alarm ``name`` (the library's rule, its window and patience): the largest
+    threshold at which the rule fires on ``records`` (it fires at any threshold below), 0 when it fires at none.
+    Found by bisection on the replayed rule itself, so it reads the rule exactly as training does."""
+    rule = next(rule for rule in default_rules() if rule.name == name)
+
+    def fires(threshold: float) -> bool:
+        return bool(replay(records, [replace(rule, threshold=threshold)]))
+
+    low, high = 0.0, 1.0
+    if not fires(low):
+        return 0.0
+    while fires(high):
+        high *= 2
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if fires(middle) else (low, middle)
+    return low
 
 
 def _hackable_section(rows: list[dict[str, Any]]) -> str:
@@ -154,13 +161,15 @@ def _default_section(seeds: Sequence[int], runs: Path) -> str:
         rows.append([
             seed, ", ".join(f"{a.name} (step {a.step})" for a in alarms) or "none",
             f"{change['total']:+.4f}", f"{change['vq']:+.4f} / {change['mq']:+.4f}", f"{change['world_distance']:+.4f}",
-            f"{closest_component_divergence(records):.4f}",
+            f"{firing_threshold(records, 'component_divergence'):.4f}",
+            f"{firing_threshold(records, 'held_out_divergence'):.4f}",
             f"{max(r.get('diagnostics/on_policy_ratio_deviation', 0.0) for r in training):.2g}",
             f"{max(r.get('frac_groups_without_signal', 0.0) for r in training):.2f}",
         ])  # fmt: skip
     header = ["seed", "alarms", "held-out change of the total", "of vq / mq",
               "of the distance to the world's videos (gold; + is worse)",
-              "closest component divergence (fires above the threshold)", "largest on-policy ratio deviation",
+              "closest component divergence (fires above the threshold)",
+              "closest held-out divergence (fires above the threshold)", "largest on-policy ratio deviation",
               "largest fraction of groups without signal"]  # fmt: skip
     reading = (
         f"An alarm fired in {alarmed} of {len(seeds)} default runs; {worse} of the {len(seeds)} ended farther from the "
@@ -172,11 +181,14 @@ def _default_section(seeds: Sequence[int], runs: Path) -> str:
 
 def report(runs: Path, seeds: Sequence[int]) -> str:
     """The markdown of both kinds of runs over ``seeds``."""
-    rules = ", ".join(f"`{r.name}` {r.threshold:g} over {r.window}" for r in default_rules())
+    rules = ", ".join(
+        f"`{r.name}` {r.threshold:g} over {r.window}" + (f" at {r.patience} in a row" if r.patience > 1 else "")
+        for r in default_rules()
+    )
     method = (
         f"Runs: `sage-train --seed N` with the hackable flags ({' '.join(KINDS['hackable'])}) or none, 40 optimizer "
         "steps each; the alarms replayed from each run's metrics.jsonl with the library's rules (threshold over "
-        f"window: {rules}; the two evaluation rules at 2 evaluations in a row). With {len(seeds)} seeds, an outcome "
+        f"window: {rules}; the evaluation rules count evaluations). With {len(seeds)} seeds, an outcome "
         f"seen in none of them happens in fewer than {1 - 0.05 ** (1 / len(seeds)):.0%} of such runs (95% one-sided "
         "bound)."
     )

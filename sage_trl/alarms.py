@@ -10,6 +10,7 @@ logged, so a likelihood-free algorithm (no importance ratio) gets the other alar
 |---|---|---|
 | ``proxy_gold_divergence`` | over the last evaluations the training reward of the held-out videos rose while an evaluation reward fell | reward hacking |
 | ``component_divergence`` | over the last evaluations one component of the training reward rose while another fell | the reward's weights favour one head |
+| ``held_out_divergence`` | over the last evaluations the held-out videos' reward fell while the training rollouts' rose | rollouts off the sampler's path, or overfitting the training prompts |
 | ``off_policy_ratio`` | the importance ratio where it must be 1 is not | dropout, train-mode modules, dtype or batching differing between rollout and training, a non-deterministic kernel |
 | ``groups_without_signal`` | most groups had identical rewards over the last steps | a saturated or constant reward |
 | ``kl_spike`` | the KL to the anchor jumped far above its recent level | a too-large step |
@@ -68,9 +69,11 @@ class AlarmRule:
         threshold: the value the rule compares with (its meaning is the rule's); the default is measured.
         window: how many records (steps or evaluations) the rule looks back over.
         check: ``check(rule, history) -> (message, advice) | None``.
-        applies: ``applies(record) -> bool``: the records the rule reads (training steps or evaluations).
-        patience: how many of those records in a row must meet the rule before it fires (a noisy evaluation
-            meets it once by chance more often than twice).
+        applies: ``applies(record) -> bool``: the records the rule is checked at (training steps or
+            evaluations); they are in the history it reads.
+        reads: ``reads(record) -> bool``: other records the history also holds, never checked at (None: none).
+        patience: how many records it is checked at in a row must meet the rule before it fires (a noisy
+            evaluation meets it once by chance more often than twice).
         explain: for ``off_policy_ratio``: names the causes the library can see (`sage_trl.alarm_callback`).
     """
 
@@ -81,6 +84,7 @@ class AlarmRule:
     applies: Callable[[Record], bool]
     patience: int = 1
     explain: Callable[[], str] | None = field(default=None, repr=False)
+    reads: Callable[[Record], bool] | None = None
 
 
 # -- the rules ----------------------------------------------------------------------------------------------------
@@ -116,6 +120,37 @@ def _proxy_gold(rule: AlarmRule, evaluations: list[Record]) -> tuple[str, str] |
         "Reward hacking is likely: the policy raises the reward in a way the evaluation reward does not "
         "credit. Look at eval_samples/; keep the checkpoint of the best evaluation; raise the KL (beta) or "
         "lower the learning rate; add what the evaluation reward measures to the training reward."
+    )
+    return message, advice
+
+
+def _held_out_divergence(rule: AlarmRule, history: list[Record]) -> tuple[str, str] | None:
+    """Over the last ``window`` evaluations the held-out videos' training reward (``eval_reward/total``) fell by more
+    than ``threshold`` (relative, as in `relative_changes`) while the training rollouts' reward (``reward/total``)
+    of the steps since the first of them averaged above its average over the steps before."""
+    evaluations = [record for record in history if is_evaluation_record(record)]
+    if len(evaluations) <= rule.window:
+        return None
+    change = relative_changes(evaluations, rule.window, HELD_OUT_TOTAL).get(HELD_OUT_TOTAL)
+    if change is None or change >= -rule.threshold:
+        return None
+    first, last = evaluations[-rule.window - 1], evaluations[-1]
+    rewards = [(record["step"], record["reward/total"]) for record in history if _is_training_step(record)]
+    before = _finite(reward for step, reward in rewards if step <= first["step"])
+    since = _finite(reward for step, reward in rewards if first["step"] < step <= last["step"])
+    if not before or not since or sum(since) / len(since) <= sum(before) / len(before):
+        return None
+    message = (
+        f"over the last {rule.window} evaluations the held-out videos' reward fell ({first[HELD_OUT_TOTAL]:.4g} -> "
+        f"{last[HELD_OUT_TOTAL]:.4g}) while the training rollouts' reward rose (mean {sum(before) / len(before):.4g} "
+        f"before step {first['step']}, {sum(since) / len(since):.4g} since)."
+    )
+    advice = (
+        "The policy raises the reward of its own rollouts and lowers it where it is sampled for use: the "
+        "stochastic rollouts have parted from the deterministic sampling (few inference steps or a large eta put "
+        "the SDE's samples off the sampler's path: more steps, a smaller eta), or it overfits the training "
+        "prompts. Look at eval_samples/; keep the checkpoint of the best evaluation; lower the learning rate or "
+        "raise the KL (beta)."
     )
     return message, advice
 
@@ -215,6 +250,11 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
         AlarmRule("proxy_gold_divergence", 0.02, 3, _proxy_gold, is_evaluation_record, patience=2),
         # 0.03: the default toy runs whose gold score improved came to 0.022 at most (docs/benchmarks.md)
         AlarmRule("component_divergence", 0.03, 3, _component_divergence, is_evaluation_record, patience=2),
+        # 0.02: the default toy runs came to 0.0087 at most, the worst few-step SAGE SDE runs to 0.022-0.039
+        AlarmRule(
+            "held_out_divergence", 0.02, 3, _held_out_divergence, is_evaluation_record, patience=2,
+            reads=_is_training_step,
+        ),
         AlarmRule("off_policy_ratio", 1e-4, 2, _off_policy_ratio, _is_training_step, explain=explain_off_policy),
         AlarmRule("groups_without_signal", 0.5, 5, _groups_without_signal, _is_training_step),
         AlarmRule("kl_spike", 20.0, 10, _kl_spike, _is_training_step),
@@ -240,6 +280,8 @@ class AlarmMonitor:
         done = {alarm.name for alarm in self.fired}
         for rule in self.rules:
             if not rule.applies(record):
+                if rule.reads is not None and rule.reads(record):
+                    self._read[rule.name].append(record)
                 continue
             self._read[rule.name].append(record)
             if rule.name in done:

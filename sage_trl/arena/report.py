@@ -32,8 +32,9 @@ REACH_FRACTION = 0.9
 """The compute comparison: training FLOPs to reach this fraction of the baseline's final mean gain."""
 _PACKAGES = ("sage-grpo", "torch", "diffusers", "transformers", "trl", "peft", "numpy")
 
-_LINE_STYLES = cycler(linestyle=["-", "--"]) * cycler(color=list(colormaps["tab20"].colors))
-"""40 distinct lines (20 colours, solid then dashed): the full grid has 25 rows."""
+_LINE_STYLES = cycler(linestyle=["-", "--", ":"]) * cycler(color=list(colormaps["tab10"].colors))
+"""30 distinct lines (10 hues, solid, then dashed, then dotted): the full grid has 25 rows. tab20's paired light
+and dark shades of one hue told neighbouring rows apart poorly."""
 
 Results = dict[str, dict[str, list[dict[str, Any]]]]  # task -> label -> the cells' results, by seed
 

@@ -25,12 +25,21 @@ def test_a_hackable_run_is_read_at_its_alarm() -> None:
     assert row["lost_fraction"] == pytest.approx((0.14 - 0.10) / (0.20 - 0.10)) and row["proxy_rose_after"]
 
 
-def test_the_closest_component_divergence_is_the_smaller_of_the_rise_and_the_fall() -> None:
+def test_the_firing_threshold_of_the_component_divergence_is_the_smaller_of_the_rise_and_the_fall() -> None:
     records = [{"step": i, "eval_reward/total": 1.0, "eval_reward/vq": 0.5 + 0.01 * i, "eval_reward/ta": 0.9 - 0.005 * i}
                for i in range(6)]  # fmt: skip
-    assert toy_alarms.closest_component_divergence(records) == pytest.approx(0.015)
+    assert toy_alarms.firing_threshold(records, "component_divergence") == pytest.approx(0.015)
     records[4]["eval_reward/ta"] = 0.9  # one window without a fall: it takes two windows in a row to fire
-    assert toy_alarms.closest_component_divergence(records) == 0.0
+    assert toy_alarms.firing_threshold(records, "component_divergence") == 0.0
+
+
+def test_the_firing_threshold_of_the_held_out_divergence_is_its_fall() -> None:
+    records = [{"step": 0, "eval_reward/total": 1.0}]
+    for step in range(1, 26):
+        records.append({"step": step, "reward/total": 1.0 + 0.01 * step})
+        if step % 5 == 0:
+            records.append({"step": step, "eval_reward/total": 1.0 - 0.02 * step})  # -0.3 over every window
+    assert toy_alarms.firing_threshold(records, "held_out_divergence") == pytest.approx(0.3)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The alarms (`sage_trl.alarms`): each fires for its cause and stays quiet without it, on logged records and
 through `SageGRPOTrainer` (dropout left on, a bf16 rollout with an fp32 training forward, a reward that rewards one
-component only, groups of identical rewards), and ``stop_on_alarm`` ends a run as not finished."""
+component only, held-out videos getting worse while the rollouts improve, groups of identical rewards), and
+``stop_on_alarm`` ends a run as not finished."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from sage_trl import SageGRPOTrainer
 from sage_trl.alarms import ALARM_RULES, Alarm, read_alarms, replay
+from sage_trl.evaluation import sampling_held_out
 from sage_trl.hub.card import render_model_card
 from sage_trl.report import run_report
 from sage_trl.run_folder import layout, plan_start, read_run
@@ -64,6 +66,33 @@ def test_component_divergence_needs_a_clear_rise_and_a_clear_fall() -> None:
     assert replay(evaluations(**{"eval_reward/vq": rise, "eval_reward/ta": rise})) == []
 
 
+def logged_run(rollout_reward: list[float], held_out: list[float], every: int = 5) -> list[dict]:
+    """A run's records in the order it logs them: a training record per step (``reward/total``) and, every
+    ``every`` steps from step 0, an evaluation after the step's record."""
+    records = [{"step": 0, "eval_reward/total": held_out[0]}]
+    for step, reward in enumerate(rollout_reward, start=1):
+        records.append({"step": step, "reward/total": reward})
+        if step % every == 0:
+            records.append({"step": step, "eval_reward/total": held_out[step // every]})
+    return records
+
+
+def test_held_out_divergence_fires_when_the_held_out_reward_falls_while_the_rollouts_rise() -> None:
+    """The few-step toy task: sage_grpo raised its rollouts' reward while the held-out videos' fell (docs/runs.md)."""
+    rising = [1.5 + 0.002 * step for step in range(1, 26)]
+    falling = [1.6, 1.6, 1.6, 1.55, 1.5, 1.45]
+    alarms = replay(logged_run(rising, falling))
+    # At step 15 the window starts at step 0, with no rollout before it; met at 20 (1.6 -> 1.5) and 25.
+    assert names(alarms) == ["held_out_divergence"] and alarms[0].step == 25
+    assert "held-out videos' reward fell (1.6 -> 1.45)" in alarms[0].message
+    assert "mean 1.511 before step 10, 1.536 since" in alarms[0].message and "eval_samples/" in alarms[0].advice
+    assert replay(logged_run(rising[::-1], falling)) == []  # the rollouts fell too: not learning, no divergence
+    assert replay(logged_run(rising, falling[::-1])) == []  # the held-out reward rose
+    slight = [1.6, 1.6, 1.6, 1.59, 1.585, 1.58]  # -1.25%: within the default toy run's wander
+    assert replay(logged_run(rising, slight)) == []
+    assert replay([r for r in logged_run(rising, falling) if "eval_reward/total" in r]) == []  # no rollouts logged
+
+
 def test_groups_without_signal_and_kl_spikes() -> None:
     assert names(replay(steps(frac_groups_without_signal=[0.75] * 5))) == ["groups_without_signal"]
     assert replay(steps(frac_groups_without_signal=[0.75, 0.75, 0.0, 0.75, 0.0, 0.25])) == []  # not most, on average
@@ -79,7 +108,8 @@ def test_each_alarm_fires_once_and_only_where_its_metrics_are_logged() -> None:
     # A likelihood-free algorithm logs no ratio and no KL: those alarms never apply.
     assert replay(steps(**{"policy_loss": [0.1] * 30})) == []
     assert set(ALARM_RULES) == {
-        "proxy_gold_divergence", "component_divergence", "off_policy_ratio", "groups_without_signal", "kl_spike",
+        "proxy_gold_divergence", "component_divergence", "held_out_divergence", "off_policy_ratio",
+        "groups_without_signal", "kl_spike",
     }  # fmt: skip
 
 
@@ -152,6 +182,20 @@ def test_a_reward_that_rewards_one_component_only_sets_off_the_divergence_alarm(
     assert "bright rose" in one_sided.alarms[0].message and "dark fell" in one_sided.alarms[0].message
     together = train(tmp_path / "together", bright_twice, **{**settings, "reward_component_weights": {"bright": 1.0}})
     assert together.alarms == []
+
+
+def brighter_in_rollouts_darker_held_out(videos: torch.Tensor, prompts: list[str], **kwargs) -> torch.Tensor:
+    """Stands in for rollouts and sampler parting: what the rollouts gain, the held-out videos lose."""
+    brightness = videos.mean(dim=(1, 2, 3, 4))
+    return 1 - brightness if sampling_held_out() else brightness
+
+
+def test_held_out_videos_getting_worse_while_rollouts_improve_set_off_the_held_out_alarm(tmp_path: Path) -> None:
+    held_out = {"eval_dataset": PROMPTS[:2], "eval_strategy": "steps", "eval_steps": 2, "max_steps": 12}
+    parting = train(tmp_path / "parting", brighter_in_rollouts_darker_held_out, **held_out)
+    assert names(parting.alarms) == ["held_out_divergence"]
+    assert "held-out videos' reward fell" in parting.alarms[0].message
+    assert train(tmp_path / "together", mean_brightness, **held_out).alarms == []
 
 
 def test_groups_of_identical_rewards_set_off_their_alarm_and_stop_on_alarm_ends_the_run(tmp_path: Path) -> None:
