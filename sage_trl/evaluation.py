@@ -110,9 +110,9 @@ _SAMPLING_HELD_OUT: ContextVar[bool] = ContextVar("sampling_held_out", default=F
 
 
 def sampling_held_out() -> bool:
-    """True while `evaluate_policy` samples and scores held-out prompts, in its thread: a forward hook tells the
-    evaluation's transformer forwards from the training's by it (the arena's compute counter,
-    `sage_trl.arena.compute`)."""
+    """True while `evaluate_policy` samples the held-out videos and scores them with the training reward, in its
+    thread (the evaluation rewards score them after): a forward hook tells the evaluation's transformer forwards from
+    the training's by it (the arena's compute counter, `sage_trl.arena.compute`)."""
     return _SAMPLING_HELD_OUT.get()
 
 
