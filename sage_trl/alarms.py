@@ -138,12 +138,15 @@ def _held_out_divergence(rule: AlarmRule, history: list[Record]) -> tuple[str, s
     rewards = [(record["step"], record["reward/total"]) for record in history if _is_training_step(record)]
     before = _finite(reward for step, reward in rewards if step <= first["step"])
     since = _finite(reward for step, reward in rewards if first["step"] < step <= last["step"])
-    if not before or not since or sum(since) / len(since) <= sum(before) / len(before):
+    if not before or not since:
+        return None
+    mean_before, mean_since = sum(before) / len(before), sum(since) / len(since)
+    if mean_since <= mean_before:
         return None
     message = (
         f"over the last {rule.window} evaluations the held-out videos' reward fell ({first[HELD_OUT_TOTAL]:.4g} -> "
-        f"{last[HELD_OUT_TOTAL]:.4g}) while the training rollouts' reward rose (mean {sum(before) / len(before):.4g} "
-        f"before step {first['step']}, {sum(since) / len(since):.4g} since)."
+        f"{last[HELD_OUT_TOTAL]:.4g}) while the training rollouts' reward rose (mean {mean_before:.4g} before step "
+        f"{first['step']}, {mean_since:.4g} since)."
     )
     advice = (
         "The policy raises the reward of its own rollouts and lowers it where it is sampled for use: the "

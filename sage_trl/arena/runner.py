@@ -103,15 +103,16 @@ def merge_cells(output_dir: Path, sources: Sequence[Path], cells: Sequence[Cell]
     (a cell is deterministic). Returns how many were copied."""
     copied = 0
     for cell in cells:
+        expected = cell.flags(tuple(flags))
         for source in sources:
             found = read_result(source / cell.folder)
             if found is None:
                 continue
-            if found.get("flags") != cell.flags(tuple(flags)):
+            if found.get("flags") != expected:
                 raise ValueError(
                     f"{source / cell.folder} ran as `sage-train {' '.join(found.get('flags') or [])}`, not as this "
-                    f"grid's `sage-train {' '.join(cell.flags(tuple(flags)))}`: merge shards run with the same "
-                    "options (profile, tasks and flags after --) only."
+                    f"grid's `sage-train {' '.join(expected)}`: merge shards run with the same options (profile, "
+                    "tasks and flags after --) only."
                 )
             here = read_result(output_dir / cell.folder)
             if here is None:
