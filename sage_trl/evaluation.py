@@ -8,7 +8,7 @@ a better model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -180,21 +180,18 @@ def evaluation_metrics(result: EvaluationResult, prefix: str = "eval") -> dict[s
     """The logged metrics of an evaluation, named the transformers way (``<prefix>_...``, which its trackers show
     under ``<prefix>/``): ``reward/<component>`` and ``reward/total`` for the training reward (the names of the
     training rollouts' ``reward/...``), ``eval_reward/...`` for the evaluation rewards, ``world/<measure>`` for the
-    toy world's measures (docs/runs.md)."""
-    means = result.means()
-    names = {name: TRAINING_REWARD_PREFIX + name for name in [*result.components, "total"]}
-    names.update({name: name for name in result.eval_rewards})
-    names.update({name: WORLD_PREFIX + name for name in result.measures})
-    return {metric_name(metric, prefix): means[name] for name, metric in names.items()}
+    measures (docs/runs.md)."""
+    return {logged_name(name, prefix, result.measures): mean for name, mean in result.means().items()}
 
 
-def logged_name(name: str, prefix: str = "eval") -> str:
-    """The logged metric (`evaluation_metrics`) of a toy-world evaluation's result ``name`` (an
-    ``eval_results.json`` key: a training-reward component or ``total``, an ``eval_reward/...`` or a
-    `WORLD_MEASURES` name)."""
+def logged_name(name: str, prefix: str = "eval", measures: Collection[str] | None = None) -> str:
+    """The logged metric (`evaluation_metrics`) of an evaluation's result ``name`` (an ``eval_results.json`` key: a
+    training-reward component or ``total``, an ``eval_reward/...`` or a name of ``measures``, by default the toy
+    world's `WORLD_MEASURES`)."""
     if name.startswith(EVAL_REWARD_PREFIX):
         return metric_name(name, prefix)
-    return metric_name((WORLD_PREFIX if name in WORLD_MEASURES else TRAINING_REWARD_PREFIX) + name, prefix)
+    is_measure = name in (WORLD_MEASURES if measures is None else measures)
+    return metric_name((WORLD_PREFIX if is_measure else TRAINING_REWARD_PREFIX) + name, prefix)
 
 
 WORLD_MEASURES = {

@@ -20,13 +20,17 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "sde_flow_grpo": ("--sde", "flow_grpo"),
     "sde_dance_grpo": ("--sde", "dance_grpo"),
     "sde_cps": ("--sde", "cps"),
+    "eta_0.55": ("--eta", "0.55"),
     "no_equalizer": ("--equalizer", "false"),
     **{f"kl_{kind}": ("--kl_strategy", kind) for kind in ("none", "fixed", "moving", "stepwise")},
     **{f"kl_{kind}_strong": ("--kl_strategy", kind, *STRONG_KL) for kind in ("fixed", "moving", "stepwise", "dual")},
 }
-"""The paper's ablations of ``sage_grpo`` (a cell ``sage_grpo+<variant>`` adds these flags): the SDE type (Sec. 3),
-the temporal gradient equalizer off (Sec. 4.2), the KL strategies other than its dual KL (Sec. 3.2.2, Table 2) at
-the paper's coefficients, and each at a coefficient where the KL term matters (`STRONG_KL`)."""
+"""The paper's ablations of ``sage_grpo`` (a cell ``sage_grpo+<variant>`` adds these flags): the SDE type (Sec. 3);
+SAGE's exploration scale at 0.55, where its mean noise std over the few-step task's SDE steps (0.748) meets flow_grpo's
+and cps' at the toy preset's 0.7 (0.757 and 0.735), so that the SDE types compare at equal exploration there (0.55 is
+near SAGE's official 0.5); the temporal gradient equalizer off (Sec. 4.2); the KL strategies other than its dual KL
+(Sec. 3.2.2, Table 2) at the paper's coefficients, and each at a coefficient where the KL term matters
+(`STRONG_KL`)."""
 
 
 @dataclass(frozen=True)

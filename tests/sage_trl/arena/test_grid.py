@@ -98,3 +98,27 @@ def test_merging_refuses_a_cell_run_with_other_flags(tmp_path: Path, capsys) -> 
     error = capsys.readouterr().err
     assert code == 2 and "not as this grid's" in error and "--max_steps 8" in error
     assert not (tmp_path / "merged" / MERGED_CELL.folder).exists()
+
+
+def test_the_eta_variant_matches_sage_exploration_to_flow_grpo_and_cps_on_the_few_step_task() -> None:
+    """``eta_0.55``'s promise (VARIANTS' docstring): on the few-step task's SDE steps, SAGE's mean noise std at 0.55
+    lies between cps' and flow_grpo's at the toy preset's eta, within 2% of each (at 0.7 it is 26% above)."""
+    from sage_env.models import TOY_SAMPLING_DEFAULTS
+    from sage_env.sde import flow_match_sigmas, get_sde
+    from sage_trl.presets import load_preset
+
+    preset, flags = load_preset("toy"), list(TASKS["few_step"].flags)
+    steps = int(flags[flags.index("--num_inference_steps") + 1])
+    first, last = (int(v) for v in flags[flags.index("--sde_window") + 1 :][:2])
+    sigmas = flow_match_sigmas(steps, TOY_SAMPLING_DEFAULTS.shift)
+    sigma, sigma_next = sigmas[first:last], sigmas[first + 1 : last + 1]
+
+    def mean_std(sde: str, eta: float) -> float:
+        return float(get_sde(sde).variance(sigma, sigma_next, eta).sqrt().mean())
+
+    variant = VARIANTS["eta_0.55"]
+    matched = mean_std("sage", float(variant[variant.index("--eta") + 1]))
+    others = [mean_std(sde, preset["eta"]) for sde in ("cps", "flow_grpo")]
+    assert others[0] < matched < others[1]
+    assert all(abs(matched / other - 1) < 0.02 for other in others)
+    assert mean_std("sage", preset["eta"]) / others[1] > 1.2
