@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", help="a count N (seeds 0..N-1) or comma-separated seeds; default: the profile's")
     parser.add_argument("--variants", help=f"comma-separated ablations of sage_grpo, or 'all' or 'none' "
                         f"({', '.join(VARIANTS)}); default: the profile's")  # fmt: skip
-    parser.add_argument("--baseline", default="sage_grpo", help="the algorithm the others are compared with")
+    parser.add_argument("--baseline", default="sage_grpo",
+                        help="the row the others are compared with: an algorithm or a variant's row "
+                             "(sage_grpo+eta_0.55)")
     parser.add_argument("--workers", type=int, default=2, help="cells run at once, one torch thread each")
     parser.add_argument("--output_dir", type=Path, default=Path("arena-output"), help="the arena's folder")
     parser.add_argument("--shard", help="K/N: run only shard K of N (every N-th cell); merge the shards' folders "
@@ -101,8 +103,8 @@ def arena_main(argv: Sequence[str] | None = None) -> int:
     try:
         grid = _grid(options)
         shard = parse_shard(options.shard) if options.shard else None
-        if options.baseline not in grid.algorithms:
-            raise ValueError(f"--baseline {options.baseline} is not among --algorithms ({', '.join(grid.algorithms)}).")
+        if options.baseline not in grid.labels():
+            raise ValueError(f"--baseline {options.baseline} is not a row of the grid ({', '.join(grid.labels())}).")
         _check_grid_file(options.output_dir, grid)
     except ValueError as error:
         print(f"sage-arena: error: {error}", file=sys.stderr)

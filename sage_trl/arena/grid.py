@@ -110,10 +110,17 @@ class ArenaGrid:
         if not self.algorithms or not self.tasks or not self.seeds:
             raise ValueError("An arena needs at least one algorithm, one task and one seed.")
 
+    def rows(self) -> list[tuple[str, str | None]]:
+        """The report's rows as (algorithm, variant): the algorithms, then sage_grpo's variants."""
+        return [(a, None) for a in self.algorithms] + [("sage_grpo", v) for v in self.variants]
+
+    def labels(self) -> list[str]:
+        """The rows' labels (`Cell.label`): what ``--baseline`` may name."""
+        return [Cell(a, self.tasks[0], self.seeds[0], v).label for a, v in self.rows()]
+
     def cells(self) -> list[Cell]:
         """Every cell: task, then algorithm (variants after sage_grpo), then seed."""
-        labels = [(a, None) for a in self.algorithms] + [("sage_grpo", v) for v in self.variants]
-        return [Cell(a, t, s, v) for t in self.tasks for a, v in labels for s in self.seeds]
+        return [Cell(a, t, s, v) for t in self.tasks for a, v in self.rows() for s in self.seeds]
 
     def shard(self, index: int, count: int) -> list[Cell]:
         """Shard ``index`` of ``count`` (1-based): every ``count``-th cell, so each shard gets every task."""

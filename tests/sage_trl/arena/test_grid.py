@@ -59,7 +59,7 @@ def test_the_command_refuses_bad_options_before_running(tmp_path: Path, capsys: 
     assert arena_main(["--algorithms", "sage_grpo,nope", *output]) == 2
     assert "--algorithms: ['nope'] are not registered" in capsys.readouterr().err
     assert arena_main(["--algorithms", "flow_grpo", *output]) == 2
-    assert "--baseline sage_grpo is not among --algorithms" in capsys.readouterr().err
+    assert "--baseline sage_grpo is not a row of the grid (flow_grpo)" in capsys.readouterr().err
     assert arena_main(["--seeds", "three", *output]) == 2
     assert "--seeds takes a count N or comma-separated seeds" in capsys.readouterr().err
     assert arena_main(["--workers", "0", *output]) == 2
@@ -122,3 +122,23 @@ def test_the_eta_variant_matches_sage_exploration_to_flow_grpo_and_cps_on_the_fe
     assert others[0] < matched < others[1]
     assert all(abs(matched / other - 1) < 0.02 for other in others)
     assert mean_std("sage", preset["eta"]) / others[1] > 1.2
+
+
+def test_the_baseline_may_be_a_variants_row(tmp_path: Path, capsys) -> None:
+    """``--baseline sage_grpo+eta_0.55``: the report reads every row against that variant (P(better) of the
+    algorithm's row computed against it), and a label that is not a row is refused before anything runs."""
+    options = [*MERGE_OPTIONS, "--seeds", "2", "--variants", "eta_0.55", "--output_dir", str(tmp_path / "arena")]
+    flags = list(PROFILES["quick"].flags)
+    for cell in ArenaGrid(["sage_grpo"], ["toy"], [0, 1], ["eta_0.55"]).cells():
+        folder = tmp_path / "arena" / cell.folder
+        folder.mkdir(parents=True)
+        score = 0.1 * cell.seed + (0.5 if cell.variant else 0.0)  # the variant's runs beat every baseline run
+        result = {"score": score, "gold": 0.0, "flops": {"train": 1.0, "total": 1.0}, "wall_seconds": 1.0,
+                  "curve": [{"step": 0, "flops": 0.0, "score": 0.0, "gold": 0.0}], "flags": cell.flags(tuple(flags))}
+        (folder / RESULT_FILE).write_text(json.dumps(result))
+    assert arena_main([*options, "--baseline", "sage_grpo+flow", "--report_only"]) == 2
+    assert "--baseline sage_grpo+flow is not a row of the grid (sage_grpo, sage_grpo+eta_0.55)" in capsys.readouterr().err
+    assert arena_main([*options, "--baseline", "sage_grpo+eta_0.55", "--report_only"]) == 0
+    report = (tmp_path / "arena" / "report.md").read_text()
+    assert "P(better than sage_grpo+eta_0.55)" in report
+    assert "| `sage_grpo` | 2 |" in report and "| 0.00 [0.00, 0.00] |" in report
