@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from sage_trl.evaluation import HELD_OUT_EVAL_REWARD, HELD_OUT_REWARD, is_evaluation_record
@@ -140,7 +141,7 @@ def _held_out_divergence(rule: AlarmRule, history: list[Record]) -> tuple[str, s
     since = _finite(reward for step, reward in rewards if first["step"] < step <= last["step"])
     if not before or not since:
         return None
-    mean_before, mean_since = sum(before) / len(before), sum(since) / len(since)
+    mean_before, mean_since = fmean(before), fmean(since)
     if mean_since <= mean_before:
         return None
     message = (
@@ -219,10 +220,10 @@ def _off_policy_ratio(rule: AlarmRule, steps: list[Record]) -> tuple[str, str] |
 def _groups_without_signal(rule: AlarmRule, steps: list[Record]) -> tuple[str, str] | None:
     """The mean of ``frac_groups_without_signal`` over the last ``window`` steps is above ``threshold``."""
     values = _finite(record.get("frac_groups_without_signal") for record in steps[-rule.window :])
-    if len(values) < rule.window or sum(values) / len(values) <= rule.threshold:
+    if len(values) < rule.window or (mean := fmean(values)) <= rule.threshold:
         return None
     message = (
-        f"{sum(values) / len(values):.0%} of the groups had identical rewards over the last {rule.window} steps "
+        f"{mean:.0%} of the groups had identical rewards over the last {rule.window} steps "
         "(frac_groups_without_signal): they give no advantage and no learning signal."
     )
     advice = (
@@ -282,12 +283,10 @@ class AlarmMonitor:
         new = []
         done = {alarm.name for alarm in self.fired}
         for rule in self.rules:
-            if not rule.applies(record):
-                if rule.reads is not None and rule.reads(record):
-                    self._read[rule.name].append(record)
-                continue
-            self._read[rule.name].append(record)
-            if rule.name in done:
+            checked = rule.applies(record)
+            if checked or (rule.reads is not None and rule.reads(record)):
+                self._read[rule.name].append(record)
+            if not checked or rule.name in done:
                 continue
             found = rule.check(rule, self._read[rule.name])
             self._met[rule.name] = self._met[rule.name] + 1 if found is not None else 0
