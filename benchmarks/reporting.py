@@ -51,6 +51,7 @@ SECTION_ORDER: tuple[str, ...] = (
     "toy_algorithms",
     "toy_alarms",
     "sde_step_overhead",
+    "example_configs",
 )
 """Order of the sections in the markdown file (a new section is inserted at its place in this order)."""
 

@@ -14,13 +14,22 @@ from dataclasses import dataclass, field, replace
 
 from sage_trl.preflight.gpus import DEFAULT_UTILISATION, GpuSpec
 
-__all__ = ["LIMITS", "MARGIN_FRACTION", "MARGIN_GIB", "MemoryKind", "PhasePlan", "PreflightPlan", "gib"]
+__all__ = ["ALLOCATOR_HINT", "LIMITS", "MARGIN_FRACTION", "MARGIN_GIB", "TIGHT_FIT_HEADROOM", "MemoryKind", "PhasePlan", "PreflightPlan", "gib"]
 
 GIB = 2**30
 MARGIN_GIB = 1.0
 """CUDA context and library handles (cuBLAS, cuDNN workspaces), per process."""
 MARGIN_FRACTION = 0.10
 """The caching allocator's fragmentation and rounding, and kernel workspaces, as a fraction of the peak."""
+TIGHT_FIT_HEADROOM = 0.15
+"""A plan that fits with less headroom than this (card GiB over peak + margins, less one) gets the allocator hint:
+the fragmentation margin (`MARGIN_FRACTION`) is not always enough. Measured on an H200 on 2026-11-27 (docs/training_on_gpus.md),
+the 16 GB Wan config's rollout reserved 38% above its peak with PyTorch's default allocator and ran out of memory
+at its plan's 13.1 GiB; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` it ran there."""
+ALLOCATOR_HINT = (
+    "Tight: launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the default allocator's fragmentation "
+    f"can exceed the {MARGIN_FRACTION:.0%} margin this close to the card; measured on the 16 GB Wan config)."
+)
 LIMITS = (
     "What a trace cannot see, and the margin the fit check adds for it: the CUDA context and library handles "
     f"(~{MARGIN_GIB:g} GiB per process); the caching allocator's fragmentation and block rounding, and kernel "
@@ -252,7 +261,8 @@ class PreflightPlan:
         if budget is None:
             return text
         if self.fits:
-            return f"{text} Fits in {budget:g} GiB."
+            tight = budget < required * (1 + TIGHT_FIT_HEADROOM)
+            return f"{text} Fits in {budget:g} GiB." + (f" {ALLOCATOR_HINT}" if tight else "")
         text += f" Does NOT fit in {budget:g} GiB."
         if self.savers and self.saver_peak_bytes is not None:
             after = self.required_gib(self.saver_peak_bytes)

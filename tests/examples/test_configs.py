@@ -5,39 +5,23 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from peft import LoraConfig
 from trl import TrlParser
 
 from sage_trl import SageGRPOConfig, SageGRPOTrainer
 from sage_trl.cli import TrainScriptArguments, resolve_reward
-from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE
+from tests.fixtures.tiny_configs import CPU_OVERRIDES, HUB_IDS, PROMPTS, tiny_substitutions
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 CONFIGS = REPOSITORY / "examples" / "configs"
 TRAINING_CONFIGS = sorted(CONFIGS.glob("*.yaml"))
 ACCELERATE_CONFIGS = sorted((CONFIGS / "accelerate").glob("*.yaml"))
-HUB_IDS = {
-    "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v": "hunyuan",
-    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "wan",
-    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "wan22",
-}
 # The processes each config is written for (the accelerate config it is launched with).
 WORLD_SIZES = {"_1gpu": 1, "_8gpu": 8, "_multinode": 32}
-PROMPTS = ["a red ball rolls left", "a blue cube spins", "a green cone falls", "a white star glows"]
-
-
-def videoalign_like(
-    videos: torch.Tensor, prompts: Sequence[str], **kwargs: object
-) -> dict[str, torch.Tensor]:
-    """A stand-in for VideoAlign with its three components (the configs weight them with Setting B)."""
-    brightness = videos.mean(dim=(1, 2, 3, 4))
-    return {"vq": brightness, "mq": -videos.std(dim=(1, 2, 3, 4)), "ta": 1.0 - brightness}
 
 
 def parse(path: Path, *overrides: str) -> tuple[TrainScriptArguments, SageGRPOConfig]:
@@ -46,26 +30,9 @@ def parse(path: Path, *overrides: str) -> tuple[TrainScriptArguments, SageGRPOCo
     return parser.parse_args_and_config(["--config", str(path), *overrides])
 
 
-TINY_LORA_RANK = 8
-"""The rank the example configs train with on the tiny pipelines (theirs, 32, exceeds the tiny layers' widths)."""
-
-
 def tiny_overrides(path: Path, tmp_path: Path, fixtures: dict[str, Path]) -> list[str]:
     """Substitute the tiny pipeline for the Hub model, a CPU-sized video, a test reward and a CPU run."""
-    model = HUB_IDS[yaml.safe_load(path.read_text())["model_name_or_path"]]
-    size = [f"--{name}={value}" for name, value in TINY_VIDEO_SIZE.items()]
-    return [
-        f"--model_name_or_path={fixtures[model]}",
-        *size,
-        "--reward=tests.examples.test_configs:videoalign_like",
-        f"--output_dir={tmp_path / 'run'}",
-        "--use_cpu=true",
-        "--bf16=false",
-        "--torch_dtype=float32",
-        "--eval_prompts=none",
-        # The tiny pipelines' smallest adapted layers are 16 wide: a rank above a layer's width is refused.
-        f"--lora_r={TINY_LORA_RANK}",
-    ]
+    return [*tiny_substitutions(path, tmp_path / "run", fixtures), *CPU_OVERRIDES]
 
 
 def world_size(path: Path) -> int:
@@ -145,7 +112,7 @@ def test_config_builds_a_trainer_on_the_tiny_pipeline(path: Path, tmp_path: Path
         target_modules=script_args.lora_target_modules,
     )
     rewards = [resolve_reward(spec, offload=config.reward_offload) for spec in script_args.reward]
-    trainer = SageGRPOTrainer(None, rewards, args=config, train_dataset=PROMPTS, peft_config=lora)
+    trainer = SageGRPOTrainer(None, rewards, args=config, train_dataset=list(PROMPTS), peft_config=lora)
     transformer = trainer.backbone.transformer
     assert transformer.is_gradient_checkpointing
     assert trainer.backbone.vae.use_tiling and trainer.backbone.vae.use_slicing
@@ -173,7 +140,7 @@ def test_wan_config_trains_one_step_on_the_tiny_pipeline(tmp_path: Path, fixture
         None,
         [resolve_reward(s) for s in script_args.reward],
         args=config,
-        train_dataset=PROMPTS,
+        train_dataset=list(PROMPTS),
         peft_config=lora,
     )
     before = {

@@ -26,6 +26,7 @@ from sage_trl.preflight import (
 from sage_trl.preflight.gpus import resolve_gpu
 from sage_trl.preflight.measure import measure_training_step
 from sage_trl.preflight.models import build_pipeline
+from sage_trl.preflight.plan import ALLOCATOR_HINT, TIGHT_FIT_HEADROOM
 from sage_trl.preflight.replay import replay_calls
 from sage_trl.preflight.runner import trace_plan
 from sage_trl.preflight.savers import SAVERS, find_savers, saver_cost
@@ -442,6 +443,15 @@ def test_time_and_fit_use_the_gpu_throughput_and_the_stated_margins() -> None:
     assert plan.fits and plan.budget_gib == 80
     plan.memory_budget_gib = 40
     assert plan.fits is False and "Does NOT fit in 40 GiB" in plan.format()
+
+
+def test_a_tight_fit_names_the_allocator_setting_that_made_one_measured_on_a_gpu() -> None:
+    plan = _hand_plan()  # peak 40 GiB: 45 GiB with the margins
+    plan.memory_budget_gib = 45 * (1 + TIGHT_FIT_HEADROOM) - 0.1
+    assert plan.fits and ALLOCATOR_HINT in plan.format()
+    assert "expandable_segments:True" in ALLOCATOR_HINT
+    plan.memory_budget_gib = 45 * (1 + TIGHT_FIT_HEADROOM) + 0.1
+    assert plan.fits and ALLOCATOR_HINT not in plan.format()
 
 
 def test_the_saver_search_leaves_out_savers_that_do_not_lower_the_peak(tiny_wan_path: Path, tmp_path: Path) -> None:
