@@ -98,7 +98,9 @@ def run_config(path: Path, pipelines: dict[str, Path], work: Path, max_steps: in
         "--report_to=none",
         *(() if torch.cuda.is_available() else CPU_OVERRIDES),
     ]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPOSITORY), os.environ.get("PYTHONPATH", "")])}
+    # The stand-in reward is imported by sage-train from the repository's tests package.
+    python_path = [str(REPOSITORY), *filter(None, [os.environ.get("PYTHONPATH")])]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(python_path)}
     started = time.perf_counter()
     result = subprocess.run(
         [sage_train_command(), "--config", str(path), *overrides],
