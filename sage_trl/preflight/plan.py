@@ -14,7 +14,17 @@ from dataclasses import dataclass, field, replace
 
 from sage_trl.preflight.gpus import DEFAULT_UTILISATION, GpuSpec
 
-__all__ = ["ALLOCATOR_HINT", "LIMITS", "MARGIN_FRACTION", "MARGIN_GIB", "TIGHT_FIT_HEADROOM", "MemoryKind", "PhasePlan", "PreflightPlan", "gib"]
+__all__ = [
+    "ALLOCATOR_HINT",
+    "LIMITS",
+    "MARGIN_FRACTION",
+    "MARGIN_GIB",
+    "TIGHT_FIT_HEADROOM",
+    "MemoryKind",
+    "PhasePlan",
+    "PreflightPlan",
+    "gib",
+]
 
 GIB = 2**30
 MARGIN_GIB = 1.0
@@ -22,9 +32,9 @@ MARGIN_GIB = 1.0
 MARGIN_FRACTION = 0.10
 """The caching allocator's fragmentation and rounding, and kernel workspaces, as a fraction of the peak."""
 TIGHT_FIT_HEADROOM = 0.15
-"""A plan that fits with less headroom than this (card GiB over peak + margins, less one) gets the allocator hint:
-the fragmentation margin (`MARGIN_FRACTION`) is not always enough. Measured on an H200 on 2026-11-27 (docs/training_on_gpus.md),
-the 16 GB Wan config's rollout reserved 38% above its peak with PyTorch's default allocator and ran out of memory
+"""A plan that fits with less headroom than this (the card's GiB / (peak + margins) - 1) gets the allocator hint:
+the fragmentation margin (`MARGIN_FRACTION`) is not always enough. Measured on an H200 on 2026-11-27
+(docs/training_on_gpus.md), the 16 GB Wan config's rollout reserved 38% above its peak with PyTorch's default allocator and ran out of memory
 at its plan's 13.1 GiB; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` it ran there."""
 ALLOCATOR_HINT = (
     "Tight: launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the default allocator's fragmentation "
