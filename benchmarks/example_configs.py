@@ -19,7 +19,6 @@ reward, whether every logged loss and gradient norm is finite, whether the adapt
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -33,6 +32,8 @@ from pathlib import Path
 import torch
 
 from benchmarks import reporting
+from sage_trl.lora import LORA_WEIGHT_NAME
+from sage_trl.run_folder import RunFolder
 from tests.fixtures.tiny_configs import (
     CPU_OVERRIDES,
     PROMPTS,
@@ -47,8 +48,6 @@ ONE_GPU_CONFIGS = tuple(sorted((REPOSITORY / "examples" / "configs").glob("*_1gp
 """The example configs written for one GPU (launched without accelerate)."""
 QUICK_CONFIG = REPOSITORY / "examples" / "configs" / "wan21_1.3b_lora_1gpu_16gb.yaml"
 """The ``--quick`` run's config: the fastest on a CPU (tiny Wan) with the most savers (sequential CFG)."""
-
-ADAPTER_FILE = "pytorch_lora_weights.safetensors"
 
 
 @dataclass
@@ -67,14 +66,6 @@ class ConfigRun:
     error: str
 
 
-def logged_steps(metrics_path: Path) -> list[dict]:
-    """The training records of a run's ``metrics.jsonl`` (those with a loss; evaluations log none)."""
-    if not metrics_path.exists():
-        return []
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    return [record for record in records if "loss" in record]
-
-
 def sage_train_command() -> str:
     """The installed ``sage-train`` entry point (the command a user types)."""
     command = shutil.which("sage-train")
@@ -83,11 +74,10 @@ def sage_train_command() -> str:
     return command
 
 
-def run_config(path: Path, pipelines: dict[str, Path], work: Path, max_steps: int) -> ConfigRun:
-    """Train ``path`` for ``max_steps`` through the ``sage-train`` entry point and read its run folder."""
+def run_config(path: Path, pipelines: dict[str, Path], prompts: Path, work: Path, max_steps: int) -> ConfigRun:
+    """Train ``path`` for ``max_steps`` through the ``sage-train`` entry point (prompts from the file ``prompts``)
+    and read its run folder."""
     output_dir = work / path.stem
-    prompts = work / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS) + "\n")
     overrides = [
         *tiny_substitutions(path, output_dir, pipelines),
         f"--dataset_name={prompts}",
@@ -110,7 +100,7 @@ def run_config(path: Path, pipelines: dict[str, Path], work: Path, max_steps: in
         cwd=work,
     )
     seconds = time.perf_counter() - started
-    records = logged_steps(output_dir / "metrics.jsonl")
+    records = [record for record in RunFolder(output_dir).read_metrics() if "loss" in record]  # evaluations log none
     last = records[-1] if records else {}
     values = [record[key] for record in records for key in ("loss", "grad_norm") if key in record]
     error = "" if result.returncode == 0 else (result.stderr.strip().splitlines() or [""])[-1][:300]
@@ -122,7 +112,7 @@ def run_config(path: Path, pipelines: dict[str, Path], work: Path, max_steps: in
         loss=float(last.get("loss", math.nan)),
         reward=float(last.get("reward/total", math.nan)),
         finite=bool(values) and all(math.isfinite(value) for value in values),
-        adapter_saved=any(output_dir.rglob(ADAPTER_FILE)),
+        adapter_saved=any(output_dir.rglob(LORA_WEIGHT_NAME)),
         seconds=seconds,
         error=error,
     )
@@ -168,9 +158,11 @@ def main(argv: Sequence[str] | None = None) -> list[ConfigRun]:
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
         pipelines = save_tiny_pipelines(work / "pipelines")
+        prompts = work / "prompts.txt"
+        prompts.write_text("\n".join(PROMPTS) + "\n")
         runs = []
         for path in configs:
-            runs.append(run_config(Path(path).resolve(), pipelines, work, max_steps))
+            runs.append(run_config(Path(path).resolve(), pipelines, prompts, work, max_steps))
             print(runs[-1], flush=True)
     body = report(context, runs, max_steps)
     print(body)

@@ -34,8 +34,9 @@ MARGIN_FRACTION = 0.10
 TIGHT_FIT_HEADROOM = 0.15
 """A plan that fits with less headroom than this (the card's GiB / (peak + margins) - 1) gets the allocator hint:
 the fragmentation margin (`MARGIN_FRACTION`) is not always enough. Measured on an H200 on 2026-11-27
-(docs/training_on_gpus.md), the 16 GB Wan config's rollout reserved 38% above its peak with PyTorch's default allocator and ran out of memory
-at its plan's 13.1 GiB; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` it ran there."""
+(docs/training_on_gpus.md), the 16 GB Wan config's rollout reserved 38% above its peak with PyTorch's default
+allocator and ran out of memory at its plan's 13.1 GiB; with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+it ran there."""
 ALLOCATOR_HINT = (
     "Tight: launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the default allocator's fragmentation "
     f"can exceed the {MARGIN_FRACTION:.0%} margin this close to the card; measured on the 16 GB Wan config)."
