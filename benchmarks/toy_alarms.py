@@ -3,14 +3,15 @@ and does the default run stay quiet?
 
     python -m benchmarks.toy_alarms --seeds 0,1,2,3,4,5,6,7,8,9 --workers 2
 
-Two kinds of ``sage-train`` runs per seed, each its own process with one torch thread (``--workers`` at a time),
+Three kinds of ``sage-train`` runs per seed, each its own process with one torch thread (``--workers`` at a time),
 into ``--runs``/<kind>/seed-<N>:
 
-* ``hackable``: trained on the hackable toy reward (``--reward toy_hackable``, a proxy RL games by drawing larger
-  objects), evaluated every 2 steps with the toy world's reward as the evaluation reward (``--eval_reward toy``);
-  the gold score is the toy world's own measure, the held-out videos' distance to the world's videos, which no
-  reward sees.
-* ``default``: the default ``sage-train --seed N`` (the toy preset, evaluated every 5 steps).
+* ``hackable``: SAGE-GRPO at the paper's KL coefficients (as the arena runs it) trained on the hackable toy reward
+  (``--reward toy_hackable``, a proxy RL games by drawing larger objects), evaluated every 2 steps with the toy
+  world's reward as the evaluation reward (``--eval_reward toy``); the gold score is the toy world's own measure,
+  the held-out videos' distance to the world's videos, which no reward sees.
+* ``hackable_preset``: the same at the toy preset's SAGE-GRPO KL (does the preset's KL stop the hack?);
+* ``default``: the default ``sage-train --seed N`` (the toy preset with its SAGE-GRPO KL, evaluated every 5 steps).
 
 The alarms are replayed from each run's ``metrics.jsonl`` with the library's rules and thresholds
 (`sage_trl.alarms.replay`): the same decisions the run made live, and the ones a changed threshold would make.
@@ -31,15 +32,21 @@ from typing import Any
 
 from benchmarks import reporting
 from sage_trl.alarms import HELD_OUT_TOTAL, default_rules, replay
+from sage_trl.arena.grid import published_settings
 from sage_trl.evaluation import HELD_OUT_EVAL_REWARD, HELD_OUT_WORLD, is_evaluation_record
 
 __all__ = ["KINDS", "firing_threshold", "hackable_row", "report"]
 
+HACKABLE_FLAGS = ("--reward", "toy_hackable", "--eval_reward", "toy", "--eval_steps", "2")
+"""The hackable runs' flags: the proxy reward RL games, and the toy reward as the evaluation reward, every 2 steps."""
 KINDS: dict[str, tuple[str, ...]] = {
-    "hackable": ("--reward", "toy_hackable", "--eval_reward", "toy", "--eval_steps", "2"),
+    "hackable": (*published_settings("sage_grpo"), *HACKABLE_FLAGS),
+    "hackable_preset": HACKABLE_FLAGS,
     "default": (),
 }
-"""Each kind of run: the flags it adds to ``sage-train --seed N``."""
+"""Each kind of run: the flags it adds to ``sage-train --seed N``. ``hackable`` is the arena's ``hackable`` task as
+the arena runs it, SAGE-GRPO at the paper's KL (`published_settings`), where the hack happens; ``hackable_preset``
+the same reward at the toy preset's stronger KL, which the default runs use too."""
 QUICK_FLAGS = ("--max_steps", "2", "--num_eval_prompts", "1", "--eval_seeds", "0", "--eval_steps", "1")
 """What ``--quick`` adds to every run's command (the test suite's smoke run)."""
 
@@ -80,7 +87,8 @@ def hackable_row(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     loss = last[distance] - first[distance]
     row = {"seed": seed, "step": step, "alarms": sorted(fired), "distance_start": first[distance],
            "distance_end": last[distance], "proxy_start": first[proxy], "proxy_end": last[proxy],
-           "gold_start": first[gold], "gold_end": last[gold]}  # fmt: skip
+           "gold_start": first[gold], "gold_end": last[gold],
+           "area_end": last.get(HELD_OUT_WORLD + "object_area_ratio", math.nan)}  # fmt: skip
     if at is not None:
         row.update(
             distance_at=at[distance],
@@ -114,22 +122,30 @@ def firing_threshold(records: list[dict[str, Any]], name: str) -> float:
     return low
 
 
+def _at_alarm(row: dict[str, Any], start: str, at: str, end: str, digits: str = ".4f") -> str:
+    """``start, at the alarm, end`` of one row ("-" at the alarm when it did not fire)."""
+    middle = format(row[at], digits) if at in row else "-"
+    return f"{row[start]:{digits}}, {middle}, {row[end]:{digits}}"
+
+
 def _hackable_section(rows: list[dict[str, Any]]) -> str:
     fired = [r for r in rows if r["step"] is not None]
     header = ["seed", "alarm at step", "held-out training reward: start, at the alarm, end",
               "evaluation reward (toy): start, at the alarm, end",
               "distance to the world's videos (gold, lower is better): start, at the alarm, end",
-              "share of the gold's loss lost at the alarm", "other alarms"]  # fmt: skip
+              "share of the gold's loss lost at the alarm", "objects' area over the world's at the end",
+              "other alarms"]  # fmt: skip
     table = [
         [r["seed"], r["step"] if r["step"] is not None else "did not fire",
-         f"{r['proxy_start']:.4f}, {r.get('proxy_at', math.nan):.4f}, {r['proxy_end']:.4f}",
-         f"{r['gold_start']:.4f}, {r.get('gold_at', math.nan):.4f}, {r['gold_end']:.4f}",
-         f"{r['distance_start']:.4f}, {r.get('distance_at', math.nan):.4f}, {r['distance_end']:.4f}",
-         f"{r.get('lost_fraction', math.nan):.0%}", ", ".join(a for a in r["alarms"] if a != "proxy_gold_divergence") or "none"]
+         _at_alarm(r, "proxy_start", "proxy_at", "proxy_end"), _at_alarm(r, "gold_start", "gold_at", "gold_end"),
+         _at_alarm(r, "distance_start", "distance_at", "distance_end"),
+         f"{r['lost_fraction']:.0%}" if math.isfinite(r.get("lost_fraction", math.nan)) else "-",
+         f"{r['area_end']:.2f}" if math.isfinite(r["area_end"]) else "-", ", ".join(a for a in r["alarms"] if a != "proxy_gold_divergence") or "none"]
         for r in rows
     ]  # fmt: skip
     steps = sorted(r["step"] for r in fired)
     lost = [r["lost_fraction"] for r in fired if math.isfinite(r["lost_fraction"])]
+    worse = sum(r["distance_end"] > r["distance_start"] for r in rows)
     reading = (
         f"The divergence alarm fired in {len(fired)} of {len(rows)} seeds"
         + (
@@ -140,7 +156,7 @@ def _hackable_section(rows: list[dict[str, Any]]) -> str:
             if fired and lost
             else ""
         )
-        + "."
+        + f". The distance to the world's videos ended farther than it started in {worse} of {len(rows)} seeds."
     )
     return "\n\n".join([reporting.markdown_table(header, table), reading])
 
@@ -180,23 +196,26 @@ def _default_section(seeds: Sequence[int], runs: Path) -> str:
 
 
 def report(runs: Path, seeds: Sequence[int]) -> str:
-    """The markdown of both kinds of runs over ``seeds``."""
+    """The markdown of the three kinds of runs over ``seeds``."""
     rules = ", ".join(
         f"`{r.name}` {r.threshold:g} over {r.window}" + (f" at {r.patience} in a row" if r.patience > 1 else "")
         for r in default_rules()
     )
     method = (
-        f"Runs: `sage-train --seed N` with the hackable flags ({' '.join(KINDS['hackable'])}) or none, 40 optimizer "
-        "steps each; the alarms replayed from each run's metrics.jsonl with the library's rules (threshold over "
-        f"window: {rules}; the evaluation rules count evaluations). With {len(seeds)} seeds, an outcome "
+        f"Runs: `sage-train --seed N` with the hackable flags at the paper's KL ({' '.join(KINDS['hackable'])}), the "
+        f"same at the toy preset's KL ({' '.join(KINDS['hackable_preset'])}), or none, 40 optimizer steps each; the "
+        f"alarms replayed from each run's metrics.jsonl with the library's rules (threshold over window: {rules}; "
+        f"the evaluation rules count evaluations). With {len(seeds)} seeds, an outcome "
         f"seen in none of them happens in fewer than {1 - 0.05 ** (1 / len(seeds)):.0%} of such runs (95% one-sided "
         "bound)."
     )
-    rows = [hackable_row(seed, _records(runs / "hackable" / f"seed-{seed}")) for seed in seeds]
-    return "\n\n".join(
-        [method, "Hackable toy reward (reward hacking):", _hackable_section(rows),
-         "The default run (false and true alarms):", _default_section(seeds, runs)]
-    )  # fmt: skip
+    sections = [method]
+    titles = {"hackable": "Hackable toy reward, SAGE-GRPO at the paper's KL (reward hacking):",
+              "hackable_preset": "Hackable toy reward at the toy preset's KL (does it stop the hack?):"}  # fmt: skip
+    for kind, title in titles.items():
+        rows = [hackable_row(seed, _records(runs / kind / f"seed-{seed}")) for seed in seeds]
+        sections += [title, _hackable_section(rows)]
+    return "\n\n".join([*sections, "The default run (false and true alarms):", _default_section(seeds, runs)])
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,7 +3,8 @@ change of the total reward and of the distance to the world's videos, wall time 
 
     python -m benchmarks.toy_algorithms --seeds 0,1,2 --workers 2
 
-Each cell is ``sage-train --algorithm A --seed N`` (the toy preset, nothing else changed), run as its own process
+Each cell is ``sage-train --algorithm A --seed N`` (the toy preset, with the preset's per-algorithm tuning set back to
+the algorithm's published settings as in the arena: `sage_trl.arena.grid.published_settings`), run as its own process
 with one torch thread (``--workers`` at a time), into a run folder under ``--runs``. The held-out numbers are the
 run's own before/after evaluation (``eval_results.json``: 8 held-out prompts x 2 seeds, deterministic sampling).
 FLOPs are counted, not timed (`sage_trl.arena.compute`, as the arena counts them): every forward of the transformer
@@ -28,6 +29,7 @@ import torch
 
 from benchmarks import reporting
 from sage_trl.arena.compute import count_transformer_rows
+from sage_trl.arena.grid import published_settings
 
 __all__ = ["run_cell", "t_interval"]
 
@@ -60,7 +62,10 @@ def run_cell(algorithm: str, seed: int, run_dir: Path, *extra: str) -> None:
     torch.set_num_threads(1)
     with count_transformer_rows() as counter:
         start = time.perf_counter()
-        code = train_main(["--algorithm", algorithm, "--seed", str(seed), "--output_dir", str(run_dir), *extra])
+        code = train_main([
+            "--algorithm", algorithm, *published_settings(algorithm), "--seed", str(seed),
+            "--output_dir", str(run_dir), *extra,
+        ])  # fmt: skip
         seconds = time.perf_counter() - start
         flops = counter.flops()
     if code:
@@ -139,8 +144,9 @@ def report(runs: Path, algorithms: Sequence[str], seeds: Sequence[int]) -> str:
               "object area / the world's after (1 is the world; per seed)", "wall time, 1 thread",
               "transformer FLOPs"]  # fmt: skip
     method = (
-        "Each cell is the default `sage-train --algorithm A --seed N` (the toy preset: LoRA r8, lr 3e-3, 40 optimizer "
-        "steps of 32 videos) with the algorithm's published defaults for everything the preset leaves open. Changes "
+        "Each cell is `sage-train --algorithm A --seed N` (the toy preset: LoRA r8, lr 3e-3, 40 optimizer steps of 32 "
+        "videos) with the algorithm's published defaults for everything else, the preset's per-algorithm tuning set "
+        "back as the arena does (`sage_trl.arena.grid.published_settings`: sage_grpo at the paper's KL). Changes "
         "are the held-out evaluation after minus before (8 prompts x 2 seeds, deterministic sampling); intervals are "
         f"95% t intervals over the seeds (with 3 seeds the half-width is {_T95[1] / math.sqrt(3):.1f} standard "
         "deviations of the per-seed change: smaller differences between algorithms are not resolved). Wall time: two "

@@ -9,7 +9,7 @@ logged, so a likelihood-free algorithm (no importance ratio) gets the other alar
 | alarm | fires when | likely cause |
 |---|---|---|
 | ``proxy_gold_divergence`` | over the last evaluations the training reward of the held-out videos rose while an evaluation reward fell | reward hacking |
-| ``component_divergence`` | over the last evaluations one component of the training reward rose while another fell | the reward's weights favour one head |
+| ``component_divergence`` | over the last evaluations one component of the training reward rose while another fell | the reward's weights favour one head, or a KL too weak to hold the policy |
 | ``held_out_divergence`` | over the last evaluations the held-out videos' reward fell while the training rollouts' rose | rollouts off the sampler's path, or overfitting the training prompts |
 | ``off_policy_ratio`` | the importance ratio where it must be 1 is not | dropout, train-mode modules, dtype or batching differing between rollout and training, a non-deterministic kernel |
 | ``groups_without_signal`` | most groups had identical rewards over the last steps | a saturated or constant reward |
@@ -198,7 +198,8 @@ def _component_divergence(rule: AlarmRule, evaluations: list[Record]) -> tuple[s
     )
     advice = (
         "The policy trades one reward head for another: check the component weights (reward_preset, "
-        "reward_component_weights) and look at eval_samples/; a head rising alone is how reward hacking starts."
+        "reward_component_weights), or hold the policy nearer its anchor with a stronger KL (raise beta: on the toy "
+        "world this stopped it), and look at eval_samples/; a head rising alone is how reward hacking starts."
     )
     return message, advice
 

@@ -454,14 +454,17 @@ class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
     @classmethod
     def from_preset(cls, name_or_path: str, **overrides: Any) -> Any:
         """A config from a preset (`sage_trl.presets`: a shipped name such as ``"toy"``, or a YAML path) with
-        ``overrides`` on top: the layering of ``sage-train --preset NAME --field value``. The preset's
-        ``sage-train`` fields (reward, dataset, LoRA) are left out, and with them its evaluation schedule
-        (``eval_strategy``, ``eval_steps``, ``eval_on_start``), which evaluates its held-out prompts (``eval_prompts``,
-        a ``sage-train`` field): pass them as the trainer's ``eval_dataset`` with your own schedule."""
-        from sage_trl.presets import load_preset
+        ``overrides`` on top: the layering of ``sage-train --preset NAME --field value``, the preset's ``per_algorithm``
+        values for the chosen algorithm included (`sage_trl.presets.values_for`). The preset's ``sage-train`` fields
+        (reward, dataset, LoRA) are left out, and with them its evaluation schedule (``eval_strategy``,
+        ``eval_steps``, ``eval_on_start``), which evaluates its held-out prompts (``eval_prompts``, a ``sage-train``
+        field): pass them as the trainer's ``eval_dataset`` with your own schedule."""
+        from sage_trl.presets import load_preset, values_for
 
+        preset = load_preset(name_or_path)
+        algorithm = overrides.get("algorithm") or preset.get("algorithm") or cls.algorithm
         names = {f.name for f in fields(cls)} - set(_PRESET_EVALUATION_SCHEDULE)
-        values = {key: value for key, value in load_preset(name_or_path).items() if key in names}
+        values = {key: value for key, value in values_for(preset, algorithm).items() if key in names}
         return cls(**{**values, **overrides})
 
     def algorithm_config(self) -> AlgorithmConfig:

@@ -3,14 +3,26 @@ its profiles, and sharding (docs/arena.md)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.registry import algorithm_spec
 from sage_trl.arena.tasks import TASKS, task_named
+from sage_trl.presets import PER_ALGORITHM, load_preset, preset_for_model
 
-__all__ = ["PROFILES", "STRONG_KL", "VARIANTS", "ArenaGrid", "Cell", "Profile", "parse_shard"]
+__all__ = [
+    "PROFILES",
+    "STRONG_KL",
+    "VARIANTS",
+    "ArenaGrid",
+    "Cell",
+    "Profile",
+    "parse_shard",
+    "published_settings",
+]
 
 STRONG_KL = ("--beta", "2", "--anchor_update_steps", "3")
 """A KL term that matters on the toy's 40 steps: lambda_max 2 (the paper's 1e-5 leaves the KL term negligible there)
@@ -31,6 +43,25 @@ and cps' at the toy preset's 0.7 (0.757 and 0.735), so that the SDE types compar
 near SAGE's official 0.5); the temporal gradient equalizer off (Sec. 4.2); the KL strategies other than its dual KL
 (Sec. 3.2.2, Table 2) at the paper's coefficients, and each at a coefficient where the KL term matters
 (`STRONG_KL`)."""
+
+
+@functools.cache
+def published_settings(algorithm: str) -> tuple[str, ...]:
+    """The flags that set back what the toy preset tunes for ``algorithm`` (its ``per_algorithm`` section,
+    `sage_trl.presets.PER_ALGORITHM`) to the algorithm's own defaults. The arena compares each algorithm at its
+    published settings: ``sage_grpo`` at the paper's KL coefficients, where the preset's demo run uses a stronger KL
+    (the `STRONG_KL` of the ``kl_dual_strong`` variant); the published results in docs/arena.md were made so."""
+    tuned = load_preset(preset_for_model("toy")).get(PER_ALGORITHM, {}).get(algorithm, {})
+    if not tuned:
+        return ()
+    defaults = algorithm_spec(algorithm).config_class.defaults
+    missing = sorted(set(tuned) - set(defaults))
+    if missing:
+        raise ValueError(
+            f"the toy preset's {PER_ALGORITHM} sets {missing} for {algorithm!r}, which have no algorithm default to "
+            "restore in the arena: tune only fields of agents.AlgorithmConfig there."
+        )
+    return tuple(token for name in sorted(tuned) for token in (f"--{name}", str(defaults[name])))
 
 
 @dataclass(frozen=True)
@@ -54,9 +85,13 @@ class Cell:
         return Path("cells") / self.task / self.label / f"seed-{self.seed}"
 
     def flags(self, extra: tuple[str, ...] = ()) -> list[str]:
-        """The ``sage-train`` arguments of the cell (the output folder aside)."""
+        """The ``sage-train`` arguments of the cell (the output folder aside): the algorithm at its published settings
+        (`published_settings`), then the task's and the variant's flags."""
         variant = VARIANTS[self.variant] if self.variant is not None else ()
-        return ["--algorithm", self.algorithm, "--seed", str(self.seed), *task_named(self.task).flags, *variant, *extra]
+        return [
+            "--algorithm", self.algorithm, "--seed", str(self.seed), *published_settings(self.algorithm),
+            *task_named(self.task).flags, *variant, *extra,
+        ]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,10 +118,11 @@ PROFILES: dict[str, Profile] = {
         about="every algorithm on every task with the paper's ablations, the toy preset's full 40-step runs",
     ),
 }  # fmt: skip
-"""The grids ``sage-arena --profile`` names. The full profile's 100 seeds are chosen for power: the default toy run's
-held-out total changes with a per-seed standard deviation of 0.0245 (10 seeds, README), so 100 seeds per algorithm
-detect a difference of 0.0097 at 80% power (`stats.detectable_difference`; docs/arena.md, "Power"). The report
-states the difference the grid's own spread gives."""
+"""The grids ``sage-arena --profile`` names. The full profile's 100 seeds are chosen for power: the toy task's
+``sage_grpo`` cell (at the paper's KL, as the arena runs it) changes the held-out total with a per-seed standard
+deviation of 0.0245 (10 seeds), so 100 seeds per algorithm detect a difference of 0.0097 at 80% power
+(`stats.detectable_difference`; docs/arena.md, "Power of the full profile"). The report states the difference the
+grid's own spread gives."""
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Any
 
 from sage_trl.cli.arguments import TrainScriptArguments
 from sage_trl.config_files import read_config_file
-from sage_trl.presets import load_preset, preset_for_model
+from sage_trl.presets import load_preset, preset_for_model, values_for
 
 __all__ = ["algorithm_arguments_class", "parse_train_arguments"]
 
@@ -127,8 +127,9 @@ def algorithm_arguments_class(algorithm: str) -> type | None:
     )
 
 
-def _layers(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
-    """``(preset values, config-file values, algorithm)`` named by the flags and files, keys not yet checked."""
+def _layers(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """``(preset values, config-file values, algorithm)`` named by the flags and files, keys not yet checked; the
+    preset's values are those for the algorithm (`sage_trl.presets.values_for`)."""
     config_path = _flag_value(argv, "config")
     config_values = read_config_file(config_path, "config") if config_path else {}
     preset = _flag_value(argv, "preset") or config_values.get("preset")
@@ -139,8 +140,8 @@ def _layers(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any], str | 
     preset_values = load_preset(preset) if preset is not None else {}
     algorithm = (
         _flag_value(argv, "algorithm") or config_values.get("algorithm") or preset_values.get("algorithm")
-    )
-    return preset_values, config_values, algorithm or "sage_grpo"
+    ) or "sage_grpo"
+    return values_for(preset_values, algorithm), config_values, algorithm
 
 
 def _mapping(value: Any, source: str) -> dict[str, Any]:

@@ -25,6 +25,17 @@ def test_a_hackable_run_is_read_at_its_alarm() -> None:
     assert row["lost_fraction"] == pytest.approx((0.14 - 0.10) / (0.20 - 0.10)) and row["proxy_rose_after"]
 
 
+def test_a_hackable_run_without_the_alarm_reads_as_such() -> None:
+    """The preset's KL kept this run off the hack: no alarm, gold better, and the table says so without NaNs."""
+    proxy, gold, distance = [1.0, 1.1, 1.2, 1.3], [1.0, 1.01, 1.02, 1.03], [0.10, 0.099, 0.098, 0.097]
+    records = [_evaluation(2 * i, p, g, d) for i, (p, g, d) in enumerate(zip(proxy, gold, distance))]
+    row = toy_alarms.hackable_row(3, records)
+    assert row["step"] is None and row["alarms"] == []
+    section = toy_alarms._hackable_section([row])
+    assert "| 3 | did not fire | 1.0000, -, 1.3000 |" in section and "nan" not in section
+    assert "fired in 0 of 1 seeds. The distance to the world's videos ended farther than it started in 0 of 1" in section
+
+
 def test_the_firing_threshold_of_the_component_divergence_is_the_smaller_of_the_rise_and_the_fall() -> None:
     records = [{"step": i, "eval_reward/total": 1.0, "eval_reward/vq": 0.5 + 0.01 * i, "eval_reward/ta": 0.9 - 0.005 * i}
                for i in range(6)]  # fmt: skip
@@ -43,8 +54,11 @@ def test_the_firing_threshold_of_the_held_out_divergence_is_its_fall() -> None:
 
 
 @pytest.mark.slow
-def test_quick_runs_report_both_kinds(tmp_path: Path) -> None:
+def test_quick_runs_report_every_kind(tmp_path: Path) -> None:
     toy_alarms.main([*quick_arguments(tmp_path), "--seeds", "0", "--runs", str(tmp_path / "runs")])
     section = section_of(tmp_path / "benchmarks.md", "toy_alarms")
-    assert "Hackable toy reward" in section and "An alarm fired in 0 of 1 default runs" in section
-    assert (tmp_path / "runs" / "hackable" / "seed-0" / "training_complete.json").is_file()
+    assert "SAGE-GRPO at the paper's KL (reward hacking)" in section and "at the toy preset's KL" in section
+    assert "An alarm fired in 0 of 1 default runs" in section and "With 1 seeds" in section
+    for kind in toy_alarms.KINDS:
+        config = (tmp_path / "runs" / kind / "seed-0" / "run_config.yaml").read_text()
+        assert ("beta: 1.0e-05" in config) == (kind == "hackable")  # the paper's KL there, the preset's elsewhere

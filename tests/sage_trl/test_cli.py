@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agents.registry import algorithm_spec
 from sage_trl import SageGRPOConfig, cli
-from sage_trl.presets import load_preset
+from sage_trl.presets import PER_ALGORITHM, load_preset
 
 
 def run_cli(module_function: str, *arguments: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -68,6 +69,35 @@ def test_python_api_applies_presets_the_same_way(tmp_path: Path) -> None:
         k: v for k, v in built.to_dict().items() if k not in schedule
     }
     assert (parsed.eval_strategy, built.eval_strategy, built.eval_on_start) == ("steps", "no", False)
+
+
+def test_the_presets_per_algorithm_values_reach_their_algorithm_only(tmp_path: Path) -> None:
+    tuned = load_preset("toy")[PER_ALGORITHM]["sage_grpo"]
+    assert tuned, "the toy preset tunes sage_grpo's KL"
+    _, sage = cli.parse_train_arguments([])
+    assert {name: getattr(sage, name) for name in tuned} == tuned
+    flow_defaults = algorithm_spec("flow_grpo").config_class.defaults
+    _, flow = cli.parse_train_arguments(["--algorithm", "flow_grpo"])
+    assert {name: getattr(flow, name) for name in tuned} == {name: flow_defaults[name] for name in tuned}
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({"anchor_update_steps": 7}))
+    _, mine = cli.parse_train_arguments(["--config", str(run), "--beta", "0.5"])
+    assert (mine.beta, mine.anchor_update_steps) == (0.5, 7)  # the user's file and flags win
+    assert SageGRPOConfig.from_preset("toy", output_dir=str(tmp_path)).beta == tuned["beta"]
+    from_python = SageGRPOConfig.from_preset("toy", output_dir=str(tmp_path), algorithm="flow_grpo")
+    assert from_python.beta == flow_defaults["beta"]
+
+
+@pytest.mark.parametrize(
+    ("section", "words"),
+    [({"sage_gpro": {"beta": 2.0}}, "sage_gpro"), ({"sage_grpo": 2.0}, "must map algorithm names"),
+     ({"sage_grpo": {"bta": 2.0}}, "'bta'")],
+)  # fmt: skip
+def test_a_bad_per_algorithm_section_is_an_error_naming_it(tmp_path: Path, section: dict, words: str) -> None:
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump({"model_name_or_path": "toy", PER_ALGORITHM: section}))
+    with pytest.raises(ValueError, match=words):
+        cli.parse_train_arguments(["--preset", str(preset)])
 
 
 def test_a_misspelt_config_key_is_an_error(tmp_path: Path) -> None:

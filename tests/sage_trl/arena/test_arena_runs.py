@@ -66,7 +66,7 @@ def test_cells_repeat_whole_in_shards_and_after_a_kill(tmp_path: Path) -> None:
     rerun = arena(tmp_path / "shard1", *GRID, "--shard", "1/2", *TINY)
     assert "1 of 2 cells finished earlier; running 1" in rerun.stdout
     arena(tmp_path / "shard2", *GRID, "--shard", "2/2", *TINY)
-    merged = arena(tmp_path / "merged", *GRID, "--merge", str(tmp_path / "shard1"), str(tmp_path / "shard2"))
+    merged = arena(tmp_path / "merged", *GRID, "--merge", str(tmp_path / "shard1"), str(tmp_path / "shard2"), *TINY)
     assert "Merged 3 finished cells" in merged.stdout
     whole, combined = (tmp_path / "whole" / REPORT_FILE).read_text(), (tmp_path / "merged" / REPORT_FILE).read_text()
     assert results_of(combined) == results_of(whole)  # every number, interval and table of the results
