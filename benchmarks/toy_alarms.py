@@ -122,10 +122,15 @@ def firing_threshold(records: list[dict[str, Any]], name: str) -> float:
     return low
 
 
-def _at_alarm(row: dict[str, Any], start: str, at: str, end: str, digits: str = ".4f") -> str:
+def _at_alarm(row: dict[str, Any], start: str, at: str, end: str) -> str:
     """``start, at the alarm, end`` of one row ("-" at the alarm when it did not fire)."""
-    middle = format(row[at], digits) if at in row else "-"
-    return f"{row[start]:{digits}}, {middle}, {row[end]:{digits}}"
+    middle = f"{row[at]:.4f}" if at in row else "-"
+    return f"{row[start]:.4f}, {middle}, {row[end]:.4f}"
+
+
+def _number_or_dash(value: float, spec: str) -> str:
+    """``value`` formatted with ``spec``, or "-" where it is not a number (no alarm, no loss to share)."""
+    return format(value, spec) if math.isfinite(value) else "-"
 
 
 def _hackable_section(rows: list[dict[str, Any]]) -> str:
@@ -139,8 +144,8 @@ def _hackable_section(rows: list[dict[str, Any]]) -> str:
         [r["seed"], r["step"] if r["step"] is not None else "did not fire",
          _at_alarm(r, "proxy_start", "proxy_at", "proxy_end"), _at_alarm(r, "gold_start", "gold_at", "gold_end"),
          _at_alarm(r, "distance_start", "distance_at", "distance_end"),
-         f"{r['lost_fraction']:.0%}" if math.isfinite(r.get("lost_fraction", math.nan)) else "-",
-         f"{r['area_end']:.2f}" if math.isfinite(r["area_end"]) else "-", ", ".join(a for a in r["alarms"] if a != "proxy_gold_divergence") or "none"]
+         _number_or_dash(r.get("lost_fraction", math.nan), ".0%"), _number_or_dash(r["area_end"], ".2f"),
+         ", ".join(a for a in r["alarms"] if a != "proxy_gold_divergence") or "none"]
         for r in rows
     ]  # fmt: skip
     steps = sorted(r["step"] for r in fired)
