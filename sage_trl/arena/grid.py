@@ -11,7 +11,7 @@ from typing import Any
 
 from agents.registry import algorithm_spec
 from sage_trl.arena.tasks import TASKS, task_named
-from sage_trl.presets import PER_ALGORITHM, load_preset, preset_for_model
+from sage_trl.presets import PER_ALGORITHM, algorithm_values, load_preset, preset_for_model
 
 __all__ = [
     "PROFILES",
@@ -51,7 +51,7 @@ def published_settings(algorithm: str) -> tuple[str, ...]:
     `sage_trl.presets.PER_ALGORITHM`) to the algorithm's own defaults. The arena compares each algorithm at its
     published settings: ``sage_grpo`` at the paper's KL coefficients, where the preset's demo run uses a stronger KL
     (the `STRONG_KL` of the ``kl_dual_strong`` variant); the published results in docs/arena.md were made so."""
-    tuned = load_preset(preset_for_model("toy")).get(PER_ALGORITHM, {}).get(algorithm, {})
+    tuned = algorithm_values(load_preset(preset_for_model("toy")), algorithm)
     if not tuned:
         return ()
     defaults = algorithm_spec(algorithm).config_class.defaults

@@ -22,7 +22,15 @@ from typing import Any
 from agents.registry import list_agents
 from sage_trl.config_files import read_config_file
 
-__all__ = ["MODEL_PRESETS", "PER_ALGORITHM", "list_presets", "load_preset", "preset_for_model", "values_for"]
+__all__ = [
+    "MODEL_PRESETS",
+    "PER_ALGORITHM",
+    "algorithm_values",
+    "list_presets",
+    "load_preset",
+    "preset_for_model",
+    "values_for",
+]
 
 MODEL_PRESETS: dict[str, str] = {"toy": "toy"}
 """``model_name_or_path`` -> the preset applied when none is named."""
@@ -55,12 +63,10 @@ def preset_for_model(model_name_or_path: str | None) -> str | None:
     return MODEL_PRESETS.get(str(model_name_or_path)) if model_name_or_path is not None else None
 
 
-def values_for(preset_values: dict[str, Any], algorithm: str) -> dict[str, Any]:
-    """A preset's values for a run of ``algorithm``: its keys, with its `PER_ALGORITHM` entry for the algorithm (if
-    any) on top and the section itself left out. A section that is not a mapping of registered algorithms to
-    mappings is an error naming the fix."""
-    values = dict(preset_values)
-    section = values.pop(PER_ALGORITHM, None) or {}
+def algorithm_values(preset_values: dict[str, Any], algorithm: str) -> dict[str, Any]:
+    """The preset's `PER_ALGORITHM` entry for ``algorithm`` (empty when it has none). A section that is not a mapping
+    of registered algorithms to mappings is an error naming the fix."""
+    section = preset_values.get(PER_ALGORITHM) or {}
     if not isinstance(section, dict) or not all(isinstance(entry, dict) for entry in section.values()):
         raise ValueError(
             f"the preset's {PER_ALGORITHM} must map algorithm names to mappings of fields, e.g. "
@@ -72,4 +78,11 @@ def values_for(preset_values: dict[str, Any], algorithm: str) -> dict[str, Any]:
             f"the preset's {PER_ALGORITHM} names {unknown}, which are not registered algorithms "
             f"({', '.join(list_agents())}); fix the name or install the algorithm's package."
         )
-    return {**values, **section.get(algorithm, {})}
+    return dict(section.get(algorithm, {}))
+
+
+def values_for(preset_values: dict[str, Any], algorithm: str) -> dict[str, Any]:
+    """A preset's values for a run of ``algorithm``: its keys, with its `algorithm_values` on top and the
+    `PER_ALGORITHM` section itself left out."""
+    common = {key: value for key, value in preset_values.items() if key != PER_ALGORITHM}
+    return {**common, **algorithm_values(preset_values, algorithm)}
