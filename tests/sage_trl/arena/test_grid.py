@@ -53,7 +53,11 @@ def test_each_algorithm_runs_at_its_published_settings_not_the_presets_tuning(
     flags = Cell(algorithm, "toy", 0, variant or None).flags()
     _, config = cli.parse_train_arguments(flags)
     assert (config.beta, config.anchor_update_steps) == (beta, anchor_update_steps)
-    if variant:
+    if variant:  # docs/arena.md: kl_dual_strong is what sage-train runs on the toy by default
+        _, demo = cli.parse_train_arguments([])
+        assert (demo.kl_strategy, demo.beta, demo.anchor_update_steps) == (
+            config.kl_strategy, config.beta, config.anchor_update_steps
+        )  # fmt: skip
         return
     defaults = algorithm_spec(algorithm).config_class.defaults
     assert (config.beta, config.anchor_update_steps) == (defaults["beta"], defaults["anchor_update_steps"])
