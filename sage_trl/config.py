@@ -310,6 +310,8 @@ class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
         self._check_run_rules()
         self._check_reward_weights()
         self._check_precision_fits_the_machine()
+        if self.ddp_find_unused_parameters is None:  # every parameter reaches the loss (sage_trl.distributed)
+            self.ddp_find_unused_parameters = False
         GRPOConfig.__post_init__(self)
 
     def to_dict(self) -> dict[str, Any]:

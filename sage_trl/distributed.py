@@ -16,8 +16,8 @@ something else than the launch asked for, so the trainer refuses them when it is
 
 **Unused parameters under DDP.** transformers asks DDP to search the autograd graph for parameters without
 gradient after every backward (``find_unused_parameters=True``) for models that are not transformers models, and
-DDP warns at every run where none is found. The trainer turns the search off (``ddp_find_unused_parameters`` left
-unset) and instead adds zero times every trainable parameter the first loss did not reach to each loss
+DDP warns at every run where none is found. `SageGRPOConfig` turns the search off (``ddp_find_unused_parameters`` left
+unset becomes False) and instead adds zero times every trainable parameter the first loss did not reach to each loss
 (`parameters_outside`): DDP then sees a gradient for every parameter. HunyuanVideo 1.5 has such parameters (its
 last block's text-stream output projections, whose output the model discards).
 

@@ -130,8 +130,6 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         self.eval_reward = setup.evaluation_reward(eval_reward_funcs)
         self.dataset_name: str | None = train_dataset.info.dataset_name
         _trl_compat.make_config_reportable(self.backbone.transformer)
-        if args.ddp_find_unused_parameters is None:  # every parameter reaches the loss (sage_trl.distributed)
-            args.ddp_find_unused_parameters = False
         _trl_compat.transformers_trainer_init(
             self,
             model=self.backbone.transformer,

@@ -14,8 +14,11 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from sage_trl.arena.cell import RESULT_FILE, read_result, run_cell
+import yaml
+
+from sage_trl.arena.cell import RESULT_FILE, RUN_FOLDER, read_result, run_cell
 from sage_trl.arena.grid import Cell
+from sage_trl.run_folder import layout
 
 __all__ = ["WORKER_LOG", "merge_cells", "run_cells"]
 
@@ -99,8 +102,8 @@ def _one_thread_environment() -> Iterator[None]:
 
 def merge_cells(output_dir: Path, sources: Sequence[Path], cells: Sequence[Cell], flags: Sequence[str]) -> int:
     """Copy each finished cell of the shards' folders ``sources`` that ``output_dir`` lacks; a cell must have run
-    with the grid's flags (``flags``: what every cell adds), and a cell finished in both must have the same result
-    (a cell is deterministic). Returns how many were copied."""
+    with the grid's settings (``flags``: what every cell adds), and a cell finished in both must have the same
+    result (a cell is deterministic). Returns how many were copied."""
     copied = 0
     for cell in cells:
         expected = cell.flags(tuple(flags))
@@ -108,11 +111,12 @@ def merge_cells(output_dir: Path, sources: Sequence[Path], cells: Sequence[Cell]
             found = read_result(source / cell.folder)
             if found is None:
                 continue
-            if found.get("flags") != expected:
+            differences = [] if found.get("flags") == expected else _settings_differences(source / cell.folder, expected)
+            if differences:
                 raise ValueError(
                     f"{source / cell.folder} ran as `sage-train {' '.join(found.get('flags') or [])}`, not as this "
-                    f"grid's `sage-train {' '.join(expected)}`: merge shards run with the same options (profile, "
-                    "tasks and flags after --) only."
+                    f"grid's `sage-train {' '.join(expected)}`, and its settings differ ({', '.join(differences)}): "
+                    "merge shards run with the same options (profile, tasks and flags after --) only."
                 )
             here = read_result(output_dir / cell.folder)
             if here is None:
@@ -129,6 +133,28 @@ def merge_cells(output_dir: Path, sources: Sequence[Path], cells: Sequence[Cell]
                     "different code or settings; merge shards of one grid only."
                 )
     return copied
+
+
+def _settings_differences(cell_dir: Path, flags: Sequence[str]) -> list[str]:
+    """The settings in which the finished cell in ``cell_dir`` differs from a run of ``sage-train flags``: the
+    fields of its run's ``run_config.yaml`` (every field as sage-train resolved it) against what ``flags`` resolve to
+    now. Other flags with the same effect differ in nothing: a cell recorded before a flag that restates a default
+    was added to every cell (`published_settings`) still merges."""
+    from sage_trl.cli.parsing import parse_train_arguments
+    from sage_trl.cli.train import resolved_config
+
+    run_dir = cell_dir / RUN_FOLDER
+    try:
+        recorded = yaml.safe_load((run_dir / layout.RUN_CONFIG_FILE).read_text())
+    except (OSError, yaml.YAMLError):
+        return [f"no readable {RUN_FOLDER}/{layout.RUN_CONFIG_FILE} to compare"]
+    script_args, config = parse_train_arguments([*flags, "--output_dir", str(run_dir)])
+    # Through YAML as sage-train wrote it, so that types compare as the file holds them.
+    wanted = yaml.safe_load(yaml.safe_dump(resolved_config(script_args, config), sort_keys=False))
+    if not isinstance(recorded, dict):
+        return [f"{RUN_FOLDER}/{layout.RUN_CONFIG_FILE} is not a mapping"]
+    absent = object()
+    return sorted(name for name in wanted.keys() | recorded.keys() if wanted.get(name, absent) != recorded.get(name, absent))
 
 
 def _numbers(result: dict) -> tuple:

@@ -86,6 +86,14 @@ def test_the_trainer_resolves_each_algorithm_to_its_own_defaults(algorithm: str,
             assert getattr(resolved, name) == getattr(defaults, name), name
 
 
+def test_the_config_turns_ddp_unused_parameter_search_off_unless_set(tmp_path: Path) -> None:
+    """The resolved value is in the config (and so in run_config.yaml), not set later by the trainer: a run's
+    recorded settings equal what its flags resolve to (the arena's merge compares them)."""
+    assert SageGRPOConfig(output_dir=str(tmp_path), use_cpu=True).ddp_find_unused_parameters is False
+    chosen = SageGRPOConfig(output_dir=str(tmp_path), use_cpu=True, ddp_find_unused_parameters=True)
+    assert chosen.ddp_find_unused_parameters is True
+
+
 def test_the_toy_preset_trains_what_the_toy_environment_explores(tmp_path: Path) -> None:
     """`sage-train` on the toy and ``gym.make("sage_env/Toy-v0")`` sample with the same SDE settings and schedule."""
     from sage_env.toy.env import TOY_ENV_DEFAULTS

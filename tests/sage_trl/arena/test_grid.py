@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from sage_trl.arena import PROFILES, TASKS, VARIANTS, ArenaGrid
-from sage_trl.arena.cell import RESULT_FILE
+from sage_trl.arena.cell import RESULT_FILE, RUN_FOLDER
 from sage_trl.arena.cli import GRID_FILE, arena_main
-from sage_trl.arena.grid import Cell, parse_shard
+from sage_trl.arena.grid import Cell, parse_shard, published_settings
+from sage_trl.arena.runner import merge_cells
+from sage_trl.run_folder.layout import RUN_CONFIG_FILE
 
 
 def grid(**values) -> ArenaGrid:
@@ -126,6 +128,41 @@ def test_merging_refuses_a_cell_run_with_other_flags(tmp_path: Path, capsys) -> 
     code = arena_main([*MERGE_OPTIONS, "--output_dir", str(tmp_path / "merged"), "--merge", str(tmp_path / "shard")])
     error = capsys.readouterr().err
     assert code == 2 and "not as this grid's" in error and "--max_steps 8" in error
+    assert not (tmp_path / "merged" / MERGED_CELL.folder).exists()
+
+
+def recorded_settings(folder: Path, flags: list[str]) -> None:
+    """The cell's run_config.yaml as sage-train writes it for ``flags`` (sage_trl.cli.train.resolved_config)."""
+    import yaml
+
+    from sage_trl.cli.parsing import parse_train_arguments
+    from sage_trl.cli.train import resolved_config
+
+    run_dir = folder / MERGED_CELL.folder / RUN_FOLDER
+    run_dir.mkdir(parents=True)
+    settings = resolved_config(*parse_train_arguments([*flags, "--output_dir", str(run_dir)]))
+    (run_dir / RUN_CONFIG_FILE).write_text(yaml.safe_dump(settings, sort_keys=False))
+
+
+def test_merging_takes_a_cell_recorded_with_other_flags_of_the_same_settings(tmp_path: Path) -> None:
+    """A cell finished before `published_settings` restated sage_grpo's KL defaults on every cell recorded its flags
+    without them; its settings are the grid's, so the merge takes it (it refused it when flags had to match)."""
+    flags = MERGED_CELL.flags(PROFILES["quick"].flags)
+    older = [flag for flag in flags if flag not in published_settings("sage_grpo")]
+    assert older != flags
+    finished_cell(tmp_path / "shard", 0.2, older)
+    recorded_settings(tmp_path / "shard", flags)
+    assert merge_cells(tmp_path / "merged", [tmp_path / "shard"], [MERGED_CELL], PROFILES["quick"].flags) == 1
+    assert json.loads((tmp_path / "merged" / MERGED_CELL.folder / RESULT_FILE).read_text())["score"] == 0.2
+
+
+def test_merging_names_the_settings_a_cell_ran_with_otherwise(tmp_path: Path, capsys) -> None:
+    flags = MERGED_CELL.flags(PROFILES["quick"].flags)
+    finished_cell(tmp_path / "shard", 0.2, flags[:-2])
+    recorded_settings(tmp_path / "shard", [*flags, "--beta", "0.5", "--learning_rate", "0.001"])
+    code = arena_main([*MERGE_OPTIONS, "--output_dir", str(tmp_path / "merged"), "--merge", str(tmp_path / "shard")])
+    error = capsys.readouterr().err
+    assert code == 2 and "its settings differ (beta, learning_rate)" in error
     assert not (tmp_path / "merged" / MERGED_CELL.folder).exists()
 
 
