@@ -148,11 +148,11 @@ def _settings_differences(cell_dir: Path, flags: Sequence[str]) -> list[str]:
         recorded = yaml.safe_load((run_dir / layout.RUN_CONFIG_FILE).read_text())
     except (OSError, yaml.YAMLError):
         return [f"no readable {RUN_FOLDER}/{layout.RUN_CONFIG_FILE} to compare"]
+    if not isinstance(recorded, dict):
+        return [f"{RUN_FOLDER}/{layout.RUN_CONFIG_FILE} is not a mapping"]
     script_args, config = parse_train_arguments([*flags, "--output_dir", str(run_dir)])
     # Through YAML as sage-train wrote it, so that types compare as the file holds them.
     wanted = yaml.safe_load(yaml.safe_dump(resolved_config(script_args, config), sort_keys=False))
-    if not isinstance(recorded, dict):
-        return [f"{RUN_FOLDER}/{layout.RUN_CONFIG_FILE} is not a mapping"]
     absent = object()
     return sorted(name for name in wanted.keys() | recorded.keys() if wanted.get(name, absent) != recorded.get(name, absent))
 
