@@ -141,7 +141,7 @@ def _settings_differences(cell_dir: Path, flags: Sequence[str]) -> list[str]:
     now. Other flags with the same effect differ in nothing: a cell recorded before a flag that restates a default
     was added to every cell (`published_settings`) still merges."""
     from sage_trl.cli.parsing import parse_train_arguments
-    from sage_trl.cli.train import resolved_config
+    from sage_trl.cli.train import run_config_text
 
     run_dir = cell_dir / RUN_FOLDER
     try:
@@ -152,7 +152,7 @@ def _settings_differences(cell_dir: Path, flags: Sequence[str]) -> list[str]:
         return [f"{RUN_FOLDER}/{layout.RUN_CONFIG_FILE} is not a mapping"]
     script_args, config = parse_train_arguments([*flags, "--output_dir", str(run_dir)])
     # Through YAML as sage-train wrote it, so that types compare as the file holds them.
-    wanted = yaml.safe_load(yaml.safe_dump(resolved_config(script_args, config), sort_keys=False))
+    wanted = yaml.safe_load(run_config_text(script_args, config))
     absent = object()
     return sorted(name for name in wanted.keys() | recorded.keys() if wanted.get(name, absent) != recorded.get(name, absent))
 

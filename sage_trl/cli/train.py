@@ -31,6 +31,7 @@ __all__ = [
     "execute_training",
     "prepare_training",
     "resume_argument",
+    "run_config_text",
     "run_training",
     "train_main",
 ]
@@ -63,11 +64,16 @@ def resolved_config(script_args: TrainScriptArguments, config: Any) -> dict[str,
     return {**asdict(script_args), **training, **own}
 
 
+def run_config_text(script_args: TrainScriptArguments, config: Any) -> str:
+    """``run_config.yaml``'s text for a run of these arguments: `resolved_config` as YAML."""
+    return yaml.safe_dump(resolved_config(script_args, config), sort_keys=False)
+
+
 def _write_run_config(script_args: TrainScriptArguments, config: Any, output_dir: Path) -> None:
     path = output_dir / layout.RUN_CONFIG_FILE
     with guarded_write(path.name, path, survived="nothing else was changed"):
         RunFolder(output_dir).record(path.name)
-        path.write_text(yaml.safe_dump(resolved_config(script_args, config), sort_keys=False))
+        path.write_text(run_config_text(script_args, config))
 
 
 def _report_finished(start: RunStart) -> dict[str, Any]:

@@ -174,13 +174,13 @@ def test_sage_train_default_run_writes_the_output_folder(tmp_path: Path) -> None
 
 
 def test_the_run_config_is_a_valid_config_file(tmp_path: Path) -> None:
-    from sage_trl.cli.train import resolved_config
+    from sage_trl.cli.train import run_config_text
 
     script_args, config = cli.parse_train_arguments(
         ["--max_steps", "3", "--eta", "0.4", "--output_dir", str(tmp_path)]
     )
     written = tmp_path / "run_config.yaml"
-    written.write_text(yaml.safe_dump(resolved_config(script_args, config)))
+    written.write_text(run_config_text(script_args, config))
     again_script, again = cli.parse_train_arguments(["--config", str(written)])
     assert again.to_dict() == config.to_dict() and again_script == script_args
 

@@ -132,16 +132,14 @@ def test_merging_refuses_a_cell_run_with_other_flags(tmp_path: Path, capsys) -> 
 
 
 def recorded_settings(folder: Path, flags: list[str]) -> None:
-    """The cell's run_config.yaml as sage-train writes it for ``flags`` (sage_trl.cli.train.resolved_config)."""
-    import yaml
-
+    """The cell's run_config.yaml as sage-train writes it for ``flags`` (sage_trl.cli.train.run_config_text)."""
     from sage_trl.cli.parsing import parse_train_arguments
-    from sage_trl.cli.train import resolved_config
+    from sage_trl.cli.train import run_config_text
 
     run_dir = folder / MERGED_CELL.folder / RUN_FOLDER
     run_dir.mkdir(parents=True)
-    settings = resolved_config(*parse_train_arguments([*flags, "--output_dir", str(run_dir)]))
-    (run_dir / RUN_CONFIG_FILE).write_text(yaml.safe_dump(settings, sort_keys=False))
+    settings = parse_train_arguments([*flags, "--output_dir", str(run_dir)])
+    (run_dir / RUN_CONFIG_FILE).write_text(run_config_text(*settings))
 
 
 def test_merging_takes_a_cell_recorded_with_other_flags_of_the_same_settings(tmp_path: Path) -> None:
