@@ -150,7 +150,10 @@ def _settings_differences(cell_dir: Path, flags: Sequence[str]) -> list[str]:
         return [f"no readable {RUN_FOLDER}/{layout.RUN_CONFIG_FILE} to compare"]
     if not isinstance(recorded, dict):
         return [f"{RUN_FOLDER}/{layout.RUN_CONFIG_FILE} is not a mapping"]
-    script_args, config = parse_train_arguments([*flags, "--output_dir", str(run_dir)])
+    # Where the cell ran is not a setting: a shard's folder moves before it is merged, and a cell merged once keeps
+    # the output_dir of the folder it ran in. So the flags resolve with the recorded one.
+    ran_in = recorded.get("output_dir") or run_dir
+    script_args, config = parse_train_arguments([*flags, "--output_dir", str(ran_in)])
     # Through YAML as sage-train wrote it, so that types compare as the file holds them.
     wanted = yaml.safe_load(run_config_text(script_args, config))
     absent = object()

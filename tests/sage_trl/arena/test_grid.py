@@ -131,14 +131,15 @@ def test_merging_refuses_a_cell_run_with_other_flags(tmp_path: Path, capsys) -> 
     assert not (tmp_path / "merged" / MERGED_CELL.folder).exists()
 
 
-def recorded_settings(folder: Path, flags: list[str]) -> None:
-    """The cell's run_config.yaml as sage-train writes it for ``flags`` (sage_trl.cli.train.run_config_text)."""
+def recorded_settings(folder: Path, flags: list[str], ran_in: Path | None = None) -> None:
+    """The cell's run_config.yaml as sage-train writes it for ``flags`` (sage_trl.cli.train.run_config_text), run in
+    the cell's folder or, for a cell moved since, in ``ran_in``."""
     from sage_trl.cli.parsing import parse_train_arguments
     from sage_trl.cli.train import run_config_text
 
     run_dir = folder / MERGED_CELL.folder / RUN_FOLDER
     run_dir.mkdir(parents=True)
-    settings = parse_train_arguments([*flags, "--output_dir", str(run_dir)])
+    settings = parse_train_arguments([*flags, "--output_dir", str(ran_in or run_dir)])
     (run_dir / RUN_CONFIG_FILE).write_text(run_config_text(*settings))
 
 
@@ -152,6 +153,19 @@ def test_merging_takes_a_cell_recorded_with_other_flags_of_the_same_settings(tmp
     recorded_settings(tmp_path / "shard", flags)
     assert merge_cells(tmp_path / "merged", [tmp_path / "shard"], [MERGED_CELL], PROFILES["quick"].flags) == 1
     assert json.loads((tmp_path / "merged" / MERGED_CELL.folder / RESULT_FILE).read_text())["score"] == 0.2
+
+
+def test_merging_takes_a_cell_moved_from_the_folder_it_ran_in(tmp_path: Path) -> None:
+    """A cell's run_config.yaml records where it ran. A shard's folder copied off a cluster node, or a cell merged
+    into a second grid, lies elsewhere now; its settings are still the grid's (the merge refused it for its
+    output_dir)."""
+    flags = MERGED_CELL.flags(PROFILES["quick"].flags)
+    older = [flag for flag in flags if flag not in published_settings("sage_grpo")]
+    finished_cell(tmp_path / "shard", 0.2, older)
+    recorded_settings(tmp_path / "shard", flags, ran_in=tmp_path / "node-3" / "shard" / MERGED_CELL.folder / "run")
+    assert merge_cells(tmp_path / "merged", [tmp_path / "shard"], [MERGED_CELL], PROFILES["quick"].flags) == 1
+    once_more = merge_cells(tmp_path / "second", [tmp_path / "merged"], [MERGED_CELL], PROFILES["quick"].flags)
+    assert once_more == 1  # and merged again, from the folder it was merged into
 
 
 def test_merging_names_the_settings_a_cell_ran_with_otherwise(tmp_path: Path, capsys) -> None:
