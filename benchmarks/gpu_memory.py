@@ -7,7 +7,9 @@ from its configuration files, the trainer's own code traced for one rollout roun
 (`sage_trl.preflight.measure.measure_training_step`) and prints traced vs ``torch.cuda.max_memory_allocated``
 side by side. The real run builds the same modules from the same configs, with random weights created on the
 GPU (``--weights random``, the default: nothing is downloaded) or loads the checkpoint
-(``--weights pretrained``). VideoAlign is not part of the comparison (the measured run scores nothing).
+(``--weights pretrained``), with the config's expert options (Wan 2.2 A14B), as the trainer loads it. With
+``offload_idle_expert`` it also times one swap of the idle expert each way, after the step (the trace counts the
+swaps and does not time them). VideoAlign is not part of the comparison (the measured run scores nothing).
 
 Tracing takes minutes of CPU per config, so a short GPU lease can measure only and compare elsewhere: on the
 GPU ``--measure_only --output measured.json`` writes the measurements (with the device, torch version and
@@ -136,15 +138,17 @@ def measure_config(path: Path, overrides: Sequence[str] = (), *, weights: str = 
     from sage_trl.preflight.measure import measure_training_step
     from sage_trl.preflight.models import build_pipeline
     from sage_trl.preflight.runner import backbone_for
+    from sage_trl.training_setup import expert_options
 
     script_args, config = parse_config(path, overrides)
     lora_config = script_args.peft_config()
     dtype = config.parameter_dtype(lora_config is not None)
     if weights == "pretrained":
-        backbone = load_backbone(config.model_name_or_path, torch_dtype=dtype, device="cuda")
+        options = expert_options(config)  # Wan 2.2's expert and offload_idle_expert, as the trainer loads it
+        backbone = load_backbone(config.model_name_or_path, torch_dtype=dtype, device="cuda", **options)
     else:
         configs = resolve_model_configs(config.model_name_or_path)
-        backbone = backbone_for(configs, build_pipeline(configs, dtype, _device_of(config)))
+        backbone = backbone_for(configs, build_pipeline(configs, dtype, _device_of(config)), config)
     return measure_training_step(backbone, config, lora_config)
 
 
@@ -205,8 +209,9 @@ def _seconds(plan: PreflightPlan, phase: Any) -> str:
 
 def comparison_table(plan: PreflightPlan, measured: Sequence[Any], device_used_bytes: int | None = None) -> str:
     """Markdown: traced vs measured start and peak of every phase (GiB) and their ratio, the caching allocator's
-    reserved peak, and the time per run (traced FLOPs at the plan's GPU throughput, and measured); with
-    ``device_used_bytes`` (the driver's count at the end) a last row puts it beside the plan's peak + margins."""
+    reserved peak, and the time per run (traced FLOPs at the plan's GPU throughput, and measured); phases measured
+    beyond the plan's (the idle expert's swaps, `sage_trl.preflight.measure.EXPERT_SWAP_PHASE`) get rows of their
+    own; with ``device_used_bytes`` (the driver's count at the end) a last row puts it beside the plan's peak + margins."""
     rows = [
         "| phase | traced start | measured start | traced peak | measured peak | traced / measured peak "
         "| measured reserved | time traced s | time measured s |",
@@ -218,6 +223,11 @@ def comparison_table(plan: PreflightPlan, measured: Sequence[Any], device_used_b
             f"| {traced.name} | {_gib(traced.start_bytes)} | {_gib(real.start_bytes)} | {_gib(traced.peak_bytes)} | "
             f"{_gib(real.peak_bytes)} | {ratio} | {_gib(real.reserved_bytes)} | {_seconds(plan, traced)} | "
             f"{real.seconds:,.1f} |"
+        )
+    for real in measured[len(plan.phases) :]:  # measured only (the idle expert's swaps): no traced columns
+        rows.append(
+            f"| {real.name} | - | {_gib(real.start_bytes)} | - | {_gib(real.peak_bytes)} | - | "
+            f"{_gib(real.reserved_bytes)} | - | {real.seconds:,.1f} |"
         )
     if device_used_bytes is not None:
         rows.append(

@@ -21,7 +21,10 @@ import torch
 from sage_env.backbones import VideoBackbone
 from sage_trl.preflight import sequence
 
-__all__ = ["MeasuredPhase", "measure_training_step", "profiled_peak"]
+__all__ = ["EXPERT_SWAP_PHASE", "MeasuredPhase", "measure_training_step", "profiled_peak"]
+
+EXPERT_SWAP_PHASE = "expert swap"
+"""Name of the measured phases that swap the idle expert in (measured only: the trace counts swaps, not their time)."""
 
 
 @dataclass(frozen=True)
@@ -118,13 +121,32 @@ def measure_training_step(
     backbone: VideoBackbone, config: Any, lora_config: Any = None
 ) -> list[MeasuredPhase]:
     """Run the preflight's phases for ``config`` on the real ``backbone`` and measure each (see the module docstring)
-    on the run's device (``config.device``: the backbone may wait on the host until the prompts are encoded)."""
+    on the run's device (``config.device``: the backbone may wait on the host until the prompts are encoded), then,
+    for a backbone that swaps its idle expert, one swap each way (phases the trace does not have)."""
     device = torch.device(config.device)
     recorder = _MeasureRecorder(device)
     with _one_cpu_thread(device):
         run = sequence.prepare_and_encode(recorder, backbone, config, lora_config)
         sequence.run_training_step(recorder, run)
+        _measure_expert_swaps(recorder, backbone)
     return recorder.phases
+
+
+def _measure_expert_swaps(recorder: _MeasureRecorder, backbone: VideoBackbone) -> None:
+    """With ``offload_idle_expert``: one swap to the idle expert and one back, each measured as a phase (named
+    `EXPERT_SWAP_PHASE`): the time of the copies the trace counts but does not time (`PreflightPlan.expert_swaps`
+    per optimizer step). Nothing is added for a backbone that swaps nothing."""
+    transformer = backbone.transformer
+    if not getattr(transformer, "offload_idle", False):
+        return
+    names = list(transformer.experts())
+    computing = transformer.active or names[0]
+    transformer.activate(computing)
+    idle = next(name for name in names if name != computing)
+    for name in (idle, computing):
+        note = f"{name}'s frozen weights in, the other's out"
+        with recorder.phase(f"{EXPERT_SWAP_PHASE} to {name}", 0, transformer=False, note=note):
+            transformer.activate(name)
 
 
 @contextmanager

@@ -9,7 +9,8 @@ import pytest
 
 from benchmarks import gpu_memory
 from sage_trl.preflight import MemoryKind, PhasePlan, PreflightPlan
-from sage_trl.preflight.measure import MeasuredPhase
+from sage_trl.preflight.measure import EXPERT_SWAP_PHASE, MeasuredPhase
+from tests.fixtures.tiny_configs import CPU_OVERRIDES, tiny_substitutions
 
 GIB = 2**30
 SMALL_VIDEO = ["--num_frames=5", "--height=64", "--width=64"]
@@ -52,6 +53,9 @@ def test_comparison_table_puts_traced_beside_measured() -> None:
     assert table.count("| 0.500 |") == 2
     # The whole step: the plan's peak (3 GiB) + 10% + 1 GiB beside the driver's count.
     assert "| **4.3** | **20.0** |" in table
+    swap = MeasuredPhase("expert swap to transformer_2", 0, 4 * GIB, 4 * GIB, 2.5, 5 * GIB)
+    swapped = gpu_memory.comparison_table(plan, [*measured, swap])
+    assert swapped.splitlines()[-1] == "| expert swap to transformer_2 | - | 4.0 | - | 4.0 | - | 5.0 | - | 2.5 |"
 
 
 def test_measure_only_needs_a_gpu() -> None:
@@ -84,3 +88,19 @@ def test_command_line_writes_the_report(tmp_path: Path) -> None:
     report = output.read_text()
     assert len(plans) == 1 and "# Preflight of the example configs" in report
     assert "| rollout step |" in report and plans[0].setting.endswith("micro-batch 1")
+
+
+def test_the_measured_backbone_has_the_configs_expert_options(
+    tiny_wan22_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Wan 2.2 A14B config (both experts trained, the idle one swapped) is measured so, as the trainer loads it:
+    the benchmark once measured the backbone's defaults (one expert trained, both on the device). Here on its tiny
+    pipeline, on CPU: the random weights are made on the host instead of the GPU."""
+    config = gpu_memory.EXAMPLE_CONFIGS[0].parent / "wan22_a14b_lora_1gpu_80gb.yaml"
+    overrides = [*CPU_OVERRIDES, *tiny_substitutions(config, tmp_path / "run", {"wan22": tiny_wan22_path})]
+    monkeypatch.setattr(gpu_memory, "_device_of", lambda config: lambda name: "cpu")
+    phases = gpu_memory.measure_config(config, overrides)
+    assert [phase.name for phase in phases][-2:] == [
+        f"{EXPERT_SWAP_PHASE} to transformer_2",
+        f"{EXPERT_SWAP_PHASE} to transformer",
+    ]

@@ -24,7 +24,7 @@ from sage_trl.preflight import (
     resolve_model_configs,
 )
 from sage_trl.preflight.gpus import resolve_gpu
-from sage_trl.preflight.measure import measure_training_step
+from sage_trl.preflight.measure import EXPERT_SWAP_PHASE, measure_training_step
 from sage_trl.preflight.models import build_pipeline
 from sage_trl.preflight.plan import ALLOCATOR_HINT, TIGHT_FIT_HEADROOM
 from sage_trl.preflight.replay import replay_calls
@@ -123,6 +123,23 @@ def test_both_wan22_experts_trace_as_the_cpu_allocator_counts_and_the_idle_one_w
     rounds = rollout_rounds_per_optimizer_step(swapping)
     assert (swapped.expert_swaps, resident.expert_swaps) == (2 * rounds + 2 * swapping.gradient_accumulation_steps, 0)
     assert swapped.expert_swap_bytes == idle.num_bytes
+
+
+def test_the_idle_experts_swaps_are_measured_after_the_step_and_the_computing_expert_is_back(
+    tiny_wan22_path: Path, tmp_path: Path
+) -> None:
+    config = tiny_config(tiny_wan22_path, tmp_path, expert="both", offload_idle_expert=True)
+    traced = trace_plan(config, tiny_lora(), model_configs=resolve_model_configs(str(tiny_wan22_path)))
+    backbone = load_backbone(str(tiny_wan22_path), expert="both", offload_idle_expert=True)
+    measured = measure_training_step(backbone, config, tiny_lora())
+    names = [phase.name for phase in measured]
+    assert names == [p.name for p in traced.phases] + [
+        f"{EXPERT_SWAP_PHASE} to transformer_2",
+        f"{EXPERT_SWAP_PHASE} to transformer",
+    ]
+    assert backbone.transformer.active == "transformer" and all(m.seconds > 0 for m in measured[-2:])
+    resident = measure_training_step(load_backbone(str(tiny_wan22_path), expert="both"), config, tiny_lora())
+    assert not any(phase.name.startswith(EXPERT_SWAP_PHASE) for phase in resident)
 
 
 def test_precomputed_prompts_are_encoded_with_only_the_text_encoders_on_the_device(
