@@ -7,9 +7,9 @@ from its configuration files, the trainer's own code traced for one rollout roun
 (`sage_trl.preflight.measure.measure_training_step`) and prints traced vs ``torch.cuda.max_memory_allocated``
 side by side. The real run builds the same modules from the same configs, with random weights created on the
 GPU (``--weights random``, the default: nothing is downloaded) or loads the checkpoint
-(``--weights pretrained``), with the config's expert options (Wan 2.2 A14B), as the trainer loads it. With
-``offload_idle_expert`` it also times one swap of the idle expert each way, after the step (the trace counts the
-swaps and does not time them). VideoAlign is not part of the comparison (the measured run scores nothing).
+(``--weights pretrained``, as the trainer loads it: `sage_trl.training_setup.load_training_backbone`), in both
+cases with the config's expert options (Wan 2.2 A14B). With ``offload_idle_expert`` it also times one swap of the
+idle expert each way, after the step (the trace counts the swaps and does not time them). VideoAlign is not part of the comparison (the measured run scores nothing).
 
 Tracing takes minutes of CPU per config, so a short GPU lease can measure only and compare elsewhere: on the
 GPU ``--measure_only --output measured.json`` writes the measurements (with the device, torch version and
@@ -133,21 +133,19 @@ def phase_table(plans: Sequence[PreflightPlan]) -> str:
 
 def measure_config(path: Path, overrides: Sequence[str] = (), *, weights: str = "random") -> list[Any]:
     """The same phases for real on the current CUDA device (see the module docstring)."""
-    from sage_env.backbones import load_backbone
     from sage_trl.preflight import resolve_model_configs
     from sage_trl.preflight.measure import measure_training_step
     from sage_trl.preflight.models import build_pipeline
     from sage_trl.preflight.runner import backbone_for
-    from sage_trl.training_setup import expert_options
+    from sage_trl.training_setup import load_training_backbone
 
     script_args, config = parse_config(path, overrides)
     lora_config = script_args.peft_config()
-    dtype = config.parameter_dtype(lora_config is not None)
-    if weights == "pretrained":
-        options = expert_options(config)  # Wan 2.2's expert and offload_idle_expert, as the trainer loads it
-        backbone = load_backbone(config.model_name_or_path, torch_dtype=dtype, device="cuda", **options)
+    if weights == "pretrained":  # the trainer's own loading: dtype, device, backbone class, expert options
+        backbone = load_training_backbone(None, config, lora=lora_config is not None)
     else:
         configs = resolve_model_configs(config.model_name_or_path)
+        dtype = config.parameter_dtype(lora_config is not None)
         backbone = backbone_for(configs, build_pipeline(configs, dtype, _device_of(config)), config)
     return measure_training_step(backbone, config, lora_config)
 

@@ -90,16 +90,18 @@ def test_command_line_writes_the_report(tmp_path: Path) -> None:
     assert "| rollout step |" in report and plans[0].setting.endswith("micro-batch 1")
 
 
+@pytest.mark.parametrize("weights", ["random", "pretrained"])
 def test_the_measured_backbone_has_the_configs_expert_options(
-    tiny_wan22_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    weights: str, tiny_wan22_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The Wan 2.2 A14B config (both experts trained, the idle one swapped) is measured so, as the trainer loads it:
     the benchmark once measured the backbone's defaults (one expert trained, both on the device). Here on its tiny
-    pipeline, on CPU: the random weights are made on the host instead of the GPU."""
+    pipeline, on CPU: random weights are made on the host instead of the GPU; "pretrained" loads the tiny
+    pipeline's saved folder."""
     config = gpu_memory.EXAMPLE_CONFIGS[0].parent / "wan22_a14b_lora_1gpu_80gb.yaml"
     overrides = [*CPU_OVERRIDES, *tiny_substitutions(config, tmp_path / "run", {"wan22": tiny_wan22_path})]
     monkeypatch.setattr(gpu_memory, "_device_of", lambda config: lambda name: "cpu")
-    phases = gpu_memory.measure_config(config, overrides)
+    phases = gpu_memory.measure_config(config, overrides, weights=weights)
     assert [phase.name for phase in phases][-2:] == [
         f"{EXPERT_SWAP_PHASE} to transformer_2",
         f"{EXPERT_SWAP_PHASE} to transformer",
