@@ -237,12 +237,14 @@ def text_encoders(backbone: VideoBackbone) -> list[torch.nn.Module]:
 
 def parked_while_encoding(backbone: VideoBackbone) -> list[torch.nn.Module]:
     """What waits on the host while prompts are precomputed: every module of the backbone but its text encoders
-    (the transformer, a second expert, the VAE)."""
+    (the transformer, a second expert, the VAE). A module inside another one moves with it, through its owner's
+    ``.to``: both Wan 2.2 experts through `WanExperts`, which keeps the idle one's weights on the host."""
     encoders = {id(module) for module in text_encoders(backbone)}
     components = getattr(getattr(backbone, "pipeline", None), "components", None) or {}
     modules = [backbone.transformer, backbone.vae, *components.values()]
     unique = {id(module): module for module in modules if isinstance(module, torch.nn.Module)}
-    return [module for key, module in unique.items() if key not in encoders]
+    inside = {id(child) for module in unique.values() for child in module.children()}
+    return [module for key, module in unique.items() if key not in encoders and key not in inside]
 
 
 @contextmanager

@@ -82,7 +82,9 @@ class WanBackbone(PipelineBackbone):
             default.
         guidance_scale_2: CFG scale of the low-noise expert (Wan 2.2 A14B); ``None`` uses ``guidance_scale``.
         offload_idle_expert: with ``expert="both"``, keep the frozen weights of the expert not computing on the
-            host (`WanExperts.activate`); the adapters stay on the device.
+            host (`WanExperts.activate`); the adapters stay on the device. The experts' own weights are frozen here
+            (only LoRA adapters can train then), so that moves before the adapters exist already leave the idle
+            expert's weights on the host.
 
     Example:
         ```python
@@ -141,6 +143,8 @@ class WanBackbone(PipelineBackbone):
             self.transformer.offload_idle = offload_idle_expert
         frozen_expert = {"transformer": pipeline.transformer_2, "transformer_2": pipeline.transformer}
         _diffusers.freeze([pipeline.text_encoder, pipeline.vae, frozen_expert.get(self.expert)])
+        if offload_idle_expert:  # what swaps is the frozen weights: frozen from the start, before any move
+            _diffusers.freeze([self.transformer])
 
     @staticmethod
     def _check_expert(pipeline: WanPipeline, expert: str) -> str:

@@ -16,7 +16,9 @@ weights (26.6 GiB in bf16 at 14B) need be on the accelerator at a time. `WanExpe
 expert's frozen tensors to the host and the active one's to the accelerator; trainable tensors (the adapters)
 stay where they are, so the optimizer state and the anchor never move. Rollouts visit the high-noise steps
 before the low-noise ones and the trainer groups its micro-batches by expert, so a swap happens at most twice per
-rollout and twice per optimizer step (`sage_trl.preflight` counts them).
+rollout and twice per optimizer step (`sage_trl.preflight` counts them). Whole-module moves (``module.to(...)``: the
+prompt precompute bringing the model back, transformers' Trainer and accelerate's ``prepare``) leave the idle expert's
+frozen tensors on the host, so the accelerator never holds both experts' weights, not even during set-up.
 """
 
 from __future__ import annotations
@@ -102,9 +104,15 @@ class WanExperts(torch.nn.Module):
         return getattr(self.transformer, "peft_config", None) or {}
 
     def add_adapter(self, adapter_config: Any, adapter_name: str = "default") -> None:
-        """Inject the same LoRA config into both experts (each gets its own, independently trained weights)."""
+        """Inject the same LoRA config into both experts (each gets its own, independently trained weights). The
+        adapters live where the computing expert computes: peft makes each next to its base layer, which for the idle
+        expert may be waiting on the host, and trainable tensors never swap."""
+        device = next(self.expert(self.computing).parameters()).device
         for module in self.experts().values():
             module.add_adapter(adapter_config, adapter_name=adapter_name)
+        for parameter in self.parameters():
+            if parameter.requires_grad:
+                parameter.data = parameter.data.to(device)
 
     @property
     def is_gradient_checkpointing(self) -> bool:
@@ -118,11 +126,31 @@ class WanExperts(torch.nn.Module):
 
     # -- the idle expert on the host -----------------------------------------------------------------
 
+    @property
+    def computing(self) -> str:
+        """The expert whose frozen weights are (or, before the first `activate`, will be) on the device: the active
+        one, else the high-noise one, which computes first (rollouts start at high noise)."""
+        return self.active or EXPERT_NAMES[0]
+
     def _apply(self, fn: Any, recurse: bool = True) -> WanExperts:
-        """``module.to(...)`` and the like move every tensor, the idle expert's too (accelerate moves the model to
-        the device when training starts): the next `activate` parks it again."""
-        self.active = None
-        return super()._apply(fn, recurse)
+        """``module.to(...)``, ``.half()`` and the like, for every tensor but, with `offload_idle`, the idle expert's
+        frozen ones: those take ``fn``'s dtype and stay on the host. Otherwise the prompt precompute's move back
+        and accelerate's ``prepare`` (``model.to(device)``) would put both experts on the device at once, which a
+        card smaller than the two (53.4 GiB in bf16) cannot hold."""
+        if not self.offload_idle:
+            self.active = None
+            return super()._apply(fn, recurse)
+        computing = self.computing
+        held = {id(tensor) for name, module in self.experts().items() if name != computing
+                for tensor in _frozen_tensors(module)}
+
+        def hold_on_host(tensor: torch.Tensor) -> torch.Tensor:
+            if id(tensor) not in held:
+                return fn(tensor)
+            converted = fn(torch.empty(0, dtype=tensor.dtype))  # fn's dtype for such a tensor, without moving it
+            return tensor.to(device="cpu", dtype=converted.dtype)
+
+        return super()._apply(hold_on_host, recurse)  # `active` stays: the placement it stands for is kept
 
     def activate(self, name: str) -> None:
         """Make ``name`` the computing expert: with `offload_idle`, the other one's frozen tensors go to the host

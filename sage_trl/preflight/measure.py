@@ -21,10 +21,14 @@ import torch
 from sage_env.backbones import VideoBackbone
 from sage_trl.preflight import sequence
 
-__all__ = ["EXPERT_SWAP_PHASE", "MeasuredPhase", "measure_training_step", "profiled_peak"]
+__all__ = ["EXPERT_SWAP_PHASE", "MODEL_TO_DEVICE_PHASE", "MeasuredPhase", "measure_training_step", "profiled_peak"]
 
 EXPERT_SWAP_PHASE = "expert swap"
 """Name of the measured phases that swap the idle expert in (measured only: the trace counts swaps, not their time)."""
+
+MODEL_TO_DEVICE_PHASE = "model to device (accelerate's prepare)"
+"""Name of the measured phase that moves the whole trained module to the device, as transformers' Trainer and
+accelerate's ``prepare`` do when training starts: with the idle expert on the host, nothing of it may come back."""
 
 
 @dataclass(frozen=True)
@@ -128,17 +132,21 @@ def measure_training_step(
     with _one_cpu_thread(device):
         run = sequence.prepare_and_encode(recorder, backbone, config, lora_config)
         sequence.run_training_step(recorder, run)
-        _measure_expert_swaps(recorder, backbone)
+        _measure_expert_moves(recorder, backbone)
     return recorder.phases
 
 
-def _measure_expert_swaps(recorder: _MeasureRecorder, backbone: VideoBackbone) -> None:
-    """With ``offload_idle_expert``: one swap to the idle expert and one back, each measured as a phase (named
+def _measure_expert_moves(recorder: _MeasureRecorder, backbone: VideoBackbone) -> None:
+    """With ``offload_idle_expert``: the trainer's whole-model move (`MODEL_TO_DEVICE_PHASE`), which must leave the
+    idle expert on the host, then one swap to the idle expert and one back, each measured as a phase (named
     `EXPERT_SWAP_PHASE`): the time of the copies the trace counts but does not time (`PreflightPlan.expert_swaps`
     per optimizer step). Nothing is added for a backbone that swaps nothing."""
     transformer = backbone.transformer
     if not getattr(transformer, "offload_idle", False):
         return
+    note = "model.to(device), as transformers' Trainer and accelerate's prepare move the model"
+    with recorder.phase(MODEL_TO_DEVICE_PHASE, 0, transformer=False, note=note):
+        transformer.to(recorder.device)
     names = list(transformer.experts())
     computing = transformer.active or names[0]
     transformer.activate(computing)

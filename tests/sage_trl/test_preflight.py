@@ -24,7 +24,7 @@ from sage_trl.preflight import (
     resolve_model_configs,
 )
 from sage_trl.preflight.gpus import resolve_gpu
-from sage_trl.preflight.measure import EXPERT_SWAP_PHASE, measure_training_step
+from sage_trl.preflight.measure import EXPERT_SWAP_PHASE, MODEL_TO_DEVICE_PHASE, measure_training_step
 from sage_trl.preflight.models import build_pipeline
 from sage_trl.preflight.plan import ALLOCATOR_HINT, TIGHT_FIT_HEADROOM
 from sage_trl.preflight.replay import replay_calls
@@ -134,6 +134,7 @@ def test_the_idle_experts_swaps_are_measured_after_the_step_and_the_computing_ex
     measured = measure_training_step(backbone, config, tiny_lora())
     names = [phase.name for phase in measured]
     assert names == [p.name for p in traced.phases] + [
+        MODEL_TO_DEVICE_PHASE,
         f"{EXPERT_SWAP_PHASE} to transformer_2",
         f"{EXPERT_SWAP_PHASE} to transformer",
     ]

@@ -149,10 +149,10 @@ def test_swapping_the_idle_expert_changes_nothing_but_where_it_waits(tmp_path: P
     swapped.train()
     for name, value in adapters(plain).items():
         assert torch.equal(adapters(swapped)[name], value), name
-    # Parked at set-up; accelerate moves the whole model to the device when training starts (``model.to``), which
-    # brings the idle expert back, so the rollout's first step parks it again; the rollout then goes high -> low
-    # noise once, and training runs the high-noise micro-batches, then the low-noise ones.
-    assert swapped.backbone.transformer.swaps == 5
+    # Parked at set-up; the whole-model moves after it (accelerate's ``model.to`` when training starts) leave the
+    # idle expert on the host, so the rollout's first step moves nothing; the rollout goes high -> low noise once,
+    # and training runs the high-noise micro-batches, then the low-noise ones.
+    assert swapped.backbone.transformer.swaps == 4
     frozen = len([p for p in swapped.backbone.pipeline.transformer.parameters() if not p.requires_grad])
     frozen += len(list(swapped.backbone.pipeline.transformer.buffers()))
     assert moved[:2] == [(frozen, True), (frozen, False)]  # the idle one out, the active one in

@@ -273,6 +273,28 @@ def test_low_noise_expert_can_be_the_trainable_one():
     assert len(low) == 1 and len(high) == 1
 
 
+def frozen_devices(module: torch.nn.Module) -> set[str]:
+    return {p.device.type for p in module.parameters() if not p.requires_grad} | {b.device.type for b in module.buffers()}
+
+
+@pytest.mark.parametrize("with_lora", [False, True], ids=["before-lora", "with-lora"])
+def test_whole_module_moves_leave_the_idle_experts_weights_on_the_host(with_lora):
+    """The prompt precompute's move back (before LoRA exists) and accelerate's ``prepare`` (after) move the whole
+    `WanExperts`: with the idle expert swapped out, its weights must stay on the host, or a card smaller than both
+    experts runs out of memory before the first step. The meta device stands in for the accelerator."""
+    pipeline = build_tiny_wan_pipeline(two_experts=True)
+    backbone = WanBackbone(pipeline, expert="both", offload_idle_expert=True)
+    if with_lora:
+        add_random_lora(backbone)
+    backbone.transformer.to(torch.float64).to("meta")
+    assert frozen_devices(pipeline.transformer) == {"meta"}  # the high-noise expert computes first
+    assert frozen_devices(pipeline.transformer_2) == {"cpu"}
+    assert {p.dtype for p in pipeline.transformer_2.parameters()} == {torch.float64}  # dtype changes do apply
+    trainable = [p for p in backbone.transformer.parameters() if p.requires_grad]
+    assert bool(trainable) == with_lora
+    assert {p.device.type for p in trainable} <= {"meta"}  # adapters never wait on the host
+
+
 @pytest.mark.parametrize(
     ("two_experts", "options", "message"),
     [
