@@ -185,16 +185,25 @@ class WanBackbone(PipelineBackbone):
     ) -> WanBackbone:
         """Load ``WanPipeline.from_pretrained(model, torch_dtype=..., **kwargs)`` from a folder or Hub id, on ``device``.
 
-        ``torch_dtype=None`` keeps diffusers' default (float32); use ``torch.bfloat16`` on GPUs.
+        ``torch_dtype=None`` keeps diffusers' default (float32); use ``torch.bfloat16`` on GPUs. With
+        ``offload_idle_expert`` the idle expert's weights never go to ``device``: the pipeline loads on the host and
+        moves there without them (both A14B experts, 53.4 GiB in bf16, exceed the cards this option is for).
         """
-        pipeline = _diffusers.load_pipeline(WanPipeline, model, torch_dtype, device, **kwargs)
-        return cls(
+        on_host = offload_idle_expert and device is not None
+        pipeline = _diffusers.load_pipeline(WanPipeline, model, torch_dtype, None if on_host else device, **kwargs)
+        backbone = cls(
             pipeline,
             max_sequence_length=max_sequence_length,
             expert=expert,
             guidance_scale_2=guidance_scale_2,
             offload_idle_expert=offload_idle_expert,
         )
+        if on_host:
+            for name, component in pipeline.components.items():
+                if isinstance(component, torch.nn.Module) and name not in EXPERT_NAMES:
+                    component.to(device)
+            backbone.transformer.to(device)  # `WanExperts`: the idle expert's weights stay on the host
+        return backbone
 
     # -- experts ---------------------------------------------------------------------------------
 

@@ -94,6 +94,18 @@ def test_wan22_pipeline_round_trips_through_save_and_load(tmp_path):
     assert_same_weights(backbone.transformer, pipeline.transformer_2)
 
 
+def test_a_swapping_two_expert_backbone_loads_without_the_idle_experts_weights_on_the_device(tiny_wan22_path):
+    """With ``offload_idle_expert`` both A14B experts (53.4 GiB in bf16) must never be on the device together, not
+    even while loading: the pipeline moves there without the idle one. The meta device stands in for the GPU."""
+    backbone = load_backbone(str(tiny_wan22_path), device="meta", expert="both", offload_idle_expert=True)
+    pipeline = backbone.pipeline
+    devices = {name: {t.device.type for t in (*module.parameters(), *module.buffers())}
+               for name, module in pipeline.components.items() if isinstance(module, torch.nn.Module)}
+    assert devices == {"transformer": {"meta"}, "transformer_2": {"cpu"}, "text_encoder": {"meta"}, "vae": {"meta"}}
+    everything_moved = load_backbone(str(tiny_wan22_path), device="meta", expert="both")
+    assert {p.device.type for p in everything_moved.pipeline.transformer_2.parameters()} == {"meta"}
+
+
 def test_model_must_be_a_path_or_hub_id():
     with pytest.raises(ValueError, match="local diffusers folder or a Hub id"):
         WanBackbone.from_pretrained("")
