@@ -8,8 +8,10 @@ from its configuration files, the trainer's own code traced for one rollout roun
 side by side. The real run builds the same modules from the same configs, with random weights created on the
 GPU (``--weights random``, the default: nothing is downloaded) or loads the checkpoint
 (``--weights pretrained``, as the trainer loads it: `sage_trl.training_setup.load_training_backbone`), in both
-cases with the config's expert options (Wan 2.2 A14B). With ``offload_idle_expert`` it also times one swap of the
-idle expert each way, after the step (the trace counts the swaps and does not time them). VideoAlign is not part of the comparison (the measured run scores nothing).
+cases with the config's expert options (Wan 2.2 A14B). With ``offload_idle_expert`` it also measures, after the
+step, the trainer's whole-model move (which must leave the idle expert on the host) and one swap of the idle
+expert each way (the trace counts the swaps and does not time them). VideoAlign is not part of the comparison
+(the measured run scores nothing).
 
 Tracing takes minutes of CPU per config, so a short GPU lease can measure only and compare elsewhere: on the
 GPU ``--measure_only --output measured.json`` writes the measurements (with the device, torch version and

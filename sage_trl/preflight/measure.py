@@ -147,10 +147,9 @@ def _measure_expert_moves(recorder: _MeasureRecorder, backbone: VideoBackbone) -
     note = "model.to(device), as transformers' Trainer and accelerate's prepare move the model"
     with recorder.phase(MODEL_TO_DEVICE_PHASE, 0, transformer=False, note=note):
         transformer.to(recorder.device)
-    names = list(transformer.experts())
-    computing = transformer.active or names[0]
+    computing = transformer.computing
     transformer.activate(computing)
-    idle = next(name for name in names if name != computing)
+    idle = next(name for name in transformer.experts() if name != computing)
     for name in (idle, computing):
         note = f"{name}'s frozen weights in, the other's out"
         with recorder.phase(f"{EXPERT_SWAP_PHASE} to {name}", 0, transformer=False, note=note):
