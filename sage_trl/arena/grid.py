@@ -14,6 +14,7 @@ from sage_trl.arena.tasks import TASKS, task_named
 from sage_trl.presets import PER_ALGORITHM, algorithm_values, load_preset, preset_for_model
 
 __all__ = [
+    "KL_SWEEP",
     "PROFILES",
     "STRONG_KL",
     "VARIANTS",
@@ -24,9 +25,21 @@ __all__ = [
     "published_settings",
 ]
 
-STRONG_KL = ("--beta", "2", "--anchor_update_steps", "3")
-"""A KL term that matters on the toy's 40 steps: lambda_max 2 (the paper's 1e-5 leaves the KL term negligible there)
-and the moving anchor refreshed every 3 steps, as in docs/benchmarks.md section 8."""
+
+def _kl_coefficient(beta: str) -> tuple[str, ...]:
+    """The KL term at lambda_max ``beta`` with the moving anchor refreshed every 3 steps, as in docs/benchmarks.md
+    section 8."""
+    return ("--beta", beta, "--anchor_update_steps", "3")
+
+
+STRONG_KL = _kl_coefficient("2")
+"""A KL term that matters on the toy's 40 steps: lambda_max 2 (the paper's 1e-5 leaves the KL term negligible there;
+its gradient is about 5e-6 of the policy gradient, so at 2 the two are of one size)."""
+
+KL_SWEEP = ("0.5", "0.1")
+"""The moving anchor's coefficients between the paper's 1e-5 and `STRONG_KL`'s 2 (variants ``kl_moving_<beta>``): on
+the hackable task lambda_max 2 stops most of the reward's gaming (docs/arena.md); these ask whether a weaker term keeps
+that protection and learns more of what the reward gets right."""
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "sde_flow_grpo": ("--sde", "flow_grpo"),
@@ -36,13 +49,14 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "no_equalizer": ("--equalizer", "false"),
     **{f"kl_{kind}": ("--kl_strategy", kind) for kind in ("none", "fixed", "moving", "stepwise")},
     **{f"kl_{kind}_strong": ("--kl_strategy", kind, *STRONG_KL) for kind in ("fixed", "moving", "stepwise", "dual")},
+    **{f"kl_moving_{beta}": ("--kl_strategy", "moving", *_kl_coefficient(beta)) for beta in KL_SWEEP},
 }
 """The paper's ablations of ``sage_grpo`` (a cell ``sage_grpo+<variant>`` adds these flags): the SDE type (Sec. 3);
 SAGE's exploration scale at 0.55, where its mean noise std over the few-step task's SDE steps (0.748) meets flow_grpo's
 and cps' at the toy preset's 0.7 (0.757 and 0.735), so that the SDE types compare at equal exploration there (0.55 is
 near SAGE's official 0.5); the temporal gradient equalizer off (Sec. 4.2); the KL strategies other than its dual KL
-(Sec. 3.2.2, Table 2) at the paper's coefficients, and each at a coefficient where the KL term matters
-(`STRONG_KL`)."""
+(Sec. 3.2.2, Table 2) at the paper's coefficients, each at a coefficient where the KL term matters (`STRONG_KL`), and
+the moving anchor at coefficients between the two (`KL_SWEEP`)."""
 
 
 @functools.cache

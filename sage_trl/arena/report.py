@@ -22,6 +22,7 @@ from cycler import cycler
 from matplotlib import colormaps
 
 from sage_trl.arena import stats
+from sage_trl.arena.cell import cpu_description
 from sage_trl.arena.tasks import task_named
 
 __all__ = ["REPORT_FILE", "RESULTS_BEGIN", "RESULTS_END", "results_of", "write_report"]
@@ -209,17 +210,18 @@ def _context(command: str, grid_text: str) -> list[str]:
             continue
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return ["# Arena report", "", f"Command: `{command}`", "",
-            f"Made {date} on {platform.machine()} ({platform.processor() or 'cpu'}, {os.cpu_count()} CPUs), "
+            f"Made {date} on {platform.machine()} ({cpu_description()}, {os.cpu_count()} CPUs), "
             f"Python {platform.python_version()}, {', '.join(versions)}.", "", "Grid:", "", "```json", grid_text,
             "```", ""]  # fmt: skip
 
 
 def _wall_time(results: Results) -> list[str]:
-    lines = ["", "## Wall time on this machine (one torch thread per cell; does not repeat across runs)", "",
-             "| task | algorithm | mean seconds per run |", "|---|---|---|"]  # fmt: skip
+    lines = ["", "## Wall time (one torch thread per cell; does not repeat across runs)", "",
+             "| task | algorithm | mean seconds per run | processors the cells ran on |", "|---|---|---|---|"]  # fmt: skip
     for task, by_label in results.items():
         for label, cells in by_label.items():
-            lines.append(f"| {task} | `{label}` | {np.mean([c['wall_seconds'] for c in cells]):.0f} |")
+            processors = "; ".join(sorted({c.get("cpu", "not recorded") for c in cells}))
+            lines.append(f"| {task} | `{label}` | {np.mean([c['wall_seconds'] for c in cells]):.0f} | {processors} |")
     return lines
 
 

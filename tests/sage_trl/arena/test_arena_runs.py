@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agents import ALGORITHMS
-from sage_trl.arena.cell import RESULT_FILE
+from sage_trl.arena.cell import RESULT_FILE, cpu_description
 from sage_trl.arena.report import REPORT_FILE, results_of
 
 ARENA = str(Path(sys.executable).with_name("sage-arena"))
@@ -43,6 +43,7 @@ def test_the_quick_profile_runs_every_algorithm_on_both_tasks(tmp_path: Path) ->
     assert "Detectable difference: not estimable with one seed" in report
     cell = json.loads((tmp_path / "quick" / "cells" / "toy" / "awm" / "seed-0" / RESULT_FILE).read_text())
     assert cell["flops"]["train"] > 0 and cell["curve"][0]["step"] == 0
+    assert f"| toy | `awm` | {cell['wall_seconds']:.0f} | {cpu_description()} |" in report  # where it ran
 
 
 def _wait_for(path: Path, seconds: float = 300) -> None:

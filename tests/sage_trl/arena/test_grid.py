@@ -10,7 +10,7 @@ import pytest
 from sage_trl.arena import PROFILES, TASKS, VARIANTS, ArenaGrid
 from sage_trl.arena.cell import RESULT_FILE, RUN_FOLDER
 from sage_trl.arena.cli import GRID_FILE, arena_main
-from sage_trl.arena.grid import Cell, parse_shard, published_settings
+from sage_trl.arena.grid import KL_SWEEP, Cell, parse_shard, published_settings
 from sage_trl.arena.runner import merge_cells
 from sage_trl.run_folder.layout import RUN_CONFIG_FILE
 
@@ -65,6 +65,24 @@ def test_each_algorithm_runs_at_its_published_settings_not_the_presets_tuning(
     assert (config.beta, config.anchor_update_steps) == (defaults["beta"], defaults["anchor_update_steps"])
     _, demo = cli.parse_train_arguments(["--algorithm", algorithm])
     assert (demo.beta != config.beta) == (algorithm == "sage_grpo")  # the preset's tuning is what the pin undoes
+
+
+@pytest.mark.parametrize("beta", KL_SWEEP)
+def test_the_kl_sweep_runs_the_strong_moving_anchor_at_a_coefficient_between_the_papers_and_the_strong_one(
+    beta: str,
+) -> None:
+    """``kl_moving_<beta>`` differs from ``kl_moving_strong`` in lambda_max only, which lies between the paper's (the
+    baseline's) and the strong one (docs/arena.md, "The KL coefficient on the hackable task")."""
+    from sage_trl import cli
+
+    def kl_of(variant: str | None) -> tuple[str, float, int]:
+        _, config = cli.parse_train_arguments(Cell("sage_grpo", "hackable", 0, variant).flags())
+        return config.kl_strategy, config.beta, config.anchor_update_steps
+
+    (strategy, swept, anchor), (_, papers, _) = kl_of(f"kl_moving_{beta}"), kl_of(None)
+    strong = kl_of("kl_moving_strong")
+    assert (strategy, swept, anchor) == (strong[0], float(beta), strong[2])
+    assert papers < swept < strong[1]
 
 
 def test_the_grid_refuses_what_it_cannot_run() -> None:
