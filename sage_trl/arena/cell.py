@@ -31,7 +31,7 @@ CPUINFO = Path("/proc/cpuinfo")
 
 def cpu_description(cpuinfo: Path = CPUINFO) -> str:
     """The processor's model and the instruction set torch's CPU kernels use, as ``"AMD EPYC, AVX2"``: the wall time
-    of one cell differs between processors (2.3 times between two of this project's machines), and other kernels may
+    of one cell differs between processors (about twice between two of this project's machines), and other kernels may
     change a result's last digits, so a cell records where it ran."""
     model = ""
     with contextlib.suppress(OSError):
