@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from sage_trl.machine import cpu_description
+
 __all__ = [
     "DEFAULT_OUTPUT",
     "SECTION_ORDER",
@@ -61,7 +63,9 @@ Every table below is written by one script under `benchmarks/` (`python -m bench
 `benchmarks/README.md`). Each script replaces only its own section, between `<!-- begin: name -->` and
 `<!-- end: name -->`, so text outside the sections is kept when a script is rerun. Timings on the shared CPU
 machine are noisy: the performance tables report ratios of interleaved, repeated measurements taken in the
-same process (medians), never absolute times alone.
+same process (medians), never absolute times alone. Each section's first line names the machine it ran on, with its
+processor since 2026-11-27 (two of this project's 2-core machines differ about twice in speed); a line without one
+was written before.
 """
 
 
@@ -99,12 +103,13 @@ class BenchmarkContext:
         return f"![{caption}]({Path(relative).as_posix()})"
 
     def provenance(self) -> str:
-        """One line: the command, the date, the machine and the thread count."""
+        """One line: the command, the date, the machine (its processor too: timings differ about twice between two
+        of this project's 2-core machines) and the thread count."""
         date = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
         mode = " (quick smoke run: numbers are not meaningful)" if self.quick else ""
         return (
             f"Command: `{self.command}`{mode}. Run {date} on {platform.machine()} "
-            f"({os.cpu_count()} CPUs shared with other jobs), torch {torch.__version__}, "
+            f"({cpu_description()}, {os.cpu_count()} CPUs shared with other jobs), torch {torch.__version__}, "
             f"{torch.get_num_threads()} torch thread(s)."
         )
 

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -17,31 +15,15 @@ from sage_trl.arena.compute import count_transformer_rows
 from sage_trl.arena.grid import Cell
 from sage_trl.arena.tasks import task_named
 from sage_trl.evaluation import is_evaluation_record, logged_name
+from sage_trl.machine import cpu_description
 from sage_trl.run_folder import layout
 
-__all__ = ["RESULT_FILE", "RUN_FOLDER", "cpu_description", "read_result", "run_cell"]
+__all__ = ["RESULT_FILE", "RUN_FOLDER", "read_result", "run_cell"]
 
 RESULT_FILE = "arena_cell.json"
 """A finished cell's result, in its folder beside the run folder."""
 RUN_FOLDER = "run"
 """The cell's ``sage-train`` output folder, in the cell's folder."""
-CPUINFO = Path("/proc/cpuinfo")
-"""Where Linux names the processor's model."""
-
-
-def cpu_description(cpuinfo: Path = CPUINFO) -> str:
-    """The processor's model and the instruction set torch's CPU kernels use, as ``"AMD EPYC, AVX2"``: the wall time
-    of one cell differs between processors (about twice between two of this project's machines), and other kernels may
-    change a result's last digits, so a cell records where it ran."""
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                model = value.strip()
-                break
-    model = model or platform.processor() or platform.machine() or "unknown processor"
-    return f"{model}, {torch.backends.cpu.get_cpu_capability()}"
 
 
 def read_result(cell_dir: Path) -> dict[str, Any] | None:

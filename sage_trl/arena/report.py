@@ -22,8 +22,8 @@ from cycler import cycler
 from matplotlib import colormaps
 
 from sage_trl.arena import stats
-from sage_trl.arena.cell import cpu_description
 from sage_trl.arena.tasks import task_named
+from sage_trl.machine import cpu_description
 
 __all__ = ["REPORT_FILE", "RESULTS_BEGIN", "RESULTS_END", "results_of", "write_report"]
 

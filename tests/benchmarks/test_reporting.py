@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import reporting
+from sage_trl.machine import cpu_description
 from tests.benchmarks.markdown_sections import section_of
 
 
@@ -62,3 +63,10 @@ def test_format_mean_std_uses_the_population_std() -> None:
     assert reporting.format_mean_std([1.0, 3.0], digits=1) == "2.0 ± 1.0"
     assert reporting.format_mean_std([0.5]) == "0.500"
     assert reporting.format_mean_std([float("nan")]) == "n/a"
+
+
+def test_the_provenance_line_names_the_processor(tmp_path: Path) -> None:
+    """Timings differ about twice between two of this project's 2-core machines: a section says which one it ran on."""
+    parser = reporting.benchmark_parser("a benchmark")
+    context = reporting.start_benchmark("scaling", parser, ["--quick", "--output", str(tmp_path / "benchmarks.md")])
+    assert f"({cpu_description()}, " in context.provenance()

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from agents import ALGORITHMS
-from sage_trl.arena.cell import RESULT_FILE, cpu_description
+from sage_trl.arena.cell import RESULT_FILE
 from sage_trl.arena.report import REPORT_FILE, results_of
+from sage_trl.machine import cpu_description
 
 ARENA = str(Path(sys.executable).with_name("sage-arena"))
 TINY = ["--", "--max_steps", "1", "--num_eval_prompts", "1", "--gradient_norm_steps", "0", "--num_generations", "2",

@@ -1,14 +1,10 @@
-"""A cell's result names the logged metrics as the evaluation logs them (sage_trl.evaluation.logged_name), and
-records the processor it ran on."""
+"""A cell's result names the logged metrics as the evaluation logs them (sage_trl.evaluation.logged_name)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 
 from sage_trl.arena import TASKS
-from sage_trl.arena.cell import cpu_description
 from sage_trl.evaluation import EvaluationResult, evaluation_metrics, logged_name
 
 
@@ -23,12 +19,3 @@ def test_every_result_name_maps_to_the_metric_the_evaluation_logs() -> None:
     assert {logged_name(name) for name in result.means()} == set(logged)
     for task in TASKS.values():  # every task's score and gold are among them
         assert logged_name(task.score) in logged and logged_name(task.gold) in logged
-
-
-def test_a_cell_names_the_processor_model_and_the_kernels_torch_chose(tmp_path: Path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\n\nprocessor\t: 1\n")
-    capability = torch.backends.cpu.get_cpu_capability()
-    assert cpu_description(cpuinfo) == f"AMD EPYC 9B14, {capability}"
-    elsewhere = cpu_description(tmp_path / "absent")  # not Linux: the platform's name for it
-    assert elsewhere.endswith(f", {capability}") and not elsewhere.startswith(",")
