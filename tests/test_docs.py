@@ -22,6 +22,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -138,16 +139,38 @@ def program_of(command: list[str]) -> str | None:
     return None
 
 
-def unknown_flags(command: list[str]) -> list[str]:
+def checked_parts(command: list[str]) -> list[tuple[str, list[str]]]:
+    """(program, its part of the command) for each program whose ``--help`` the command's flags are checked against:
+    ``sage-arena``'s flags after ``--`` are ``sage-train``'s, for every cell."""
     program = program_of(command)
     if program is None:
         return []
-    if program == "sage-arena" and "--" in command:  # after --: sage-train flags for every cell
+    if program == "sage-arena" and "--" in command:
         split = command.index("--")
-        return unknown_flags(command[:split]) + unknown_flags(["sage-train", *command[split + 1 :]])
-    flags = [token.split("=")[0] for token in command if token.startswith("--")]
-    listed = set(re.findall(r"--[\w-]+", help_text(program)))
-    return [flag for flag in flags if flag not in listed]
+        return checked_parts(command[:split]) + checked_parts(["sage-train", *command[split + 1 :]])
+    return [(program, command)]
+
+
+def unknown_flags(command: list[str]) -> list[str]:
+    unknown = []
+    for program, part in checked_parts(command):
+        listed = set(re.findall(r"--[\w-]+", help_text(program)))
+        unknown += [flag for flag in (t.split("=")[0] for t in part if t.startswith("--")) if flag not in listed]
+    return unknown
+
+
+_FLAG_TESTS = ("test_commands_that_need_more_use_existing_flags", "test_commands_in_prose_use_existing_flags")
+
+
+@pytest.fixture(scope="session")
+def help_of_the_checked_programs(request: pytest.FixtureRequest) -> None:
+    """Runs ``--help`` of every program the selected flag tests check, as many at once as there are CPUs, into
+    `help_text`'s cache: each is a fresh interpreter that imports torch and transformers (about 12 s on a slow 2-core
+    machine), and the 20 programs one after another took a sixth of this file's time."""
+    commands = [item.callspec.params["command"] for item in request.session.items if item.originalname in _FLAG_TESTS]
+    programs = {program for command in commands for program, _ in checked_parts(shlex.split(command))}
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(help_text, sorted(programs)))
 
 
 def ci_script() -> str:
@@ -212,6 +235,7 @@ def _bash_commands(runs: bool) -> list:
     ]
 
 
+@pytest.mark.usefixtures("help_of_the_checked_programs")
 @pytest.mark.parametrize("block,command", _bash_commands(runs=False))
 def test_commands_that_need_more_use_existing_flags(block: Block, command: str) -> None:
     assert not unknown_flags(shlex.split(command)), (
@@ -256,6 +280,7 @@ def _inline_commands() -> list:
     return [pytest.param(path, command, id=f"{path.relative_to(ROOT)}: {command}") for path, command in found]
 
 
+@pytest.mark.usefixtures("help_of_the_checked_programs")
 @pytest.mark.parametrize("path,command", _inline_commands())
 def test_commands_in_prose_use_existing_flags(path: Path, command: str) -> None:
     argv = shlex.split(command)
