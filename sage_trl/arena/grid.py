@@ -36,10 +36,11 @@ STRONG_KL = _kl_coefficient("2")
 """A KL term that matters on the toy's 40 steps: lambda_max 2 (the paper's 1e-5 leaves the KL term negligible there;
 its gradient is about 5e-6 of the policy gradient, so at 2 the two are of one size)."""
 
-KL_SWEEP = ("0.5", "0.1")
-"""The moving anchor's coefficients between the paper's 1e-5 and `STRONG_KL`'s 2 (variants ``kl_moving_<beta>``): on
-the hackable task lambda_max 2 stops most of the reward's gaming (docs/arena.md); these ask whether a weaker term keeps
-that protection and learns more of what the reward gets right."""
+KL_SWEEP = ("0.5", "0.1", "8")
+"""The moving anchor's coefficients around `STRONG_KL`'s 2 (variants ``kl_moving_<beta>``): on the hackable task
+lambda_max 2 stops most of the reward's gaming (docs/arena.md). 0.5 and 0.1, between the paper's 1e-5 and 2, ask
+whether a weaker term keeps that protection and learns more of what the reward gets right; 8 asks whether a stronger
+one protects more or only learns less."""
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "sde_flow_grpo": ("--sde", "flow_grpo"),
@@ -56,7 +57,7 @@ SAGE's exploration scale at 0.55, where its mean noise std over the few-step tas
 and cps' at the toy preset's 0.7 (0.757 and 0.735), so that the SDE types compare at equal exploration there (0.55 is
 near SAGE's official 0.5); the temporal gradient equalizer off (Sec. 4.2); the KL strategies other than its dual KL
 (Sec. 3.2.2, Table 2) at the paper's coefficients, each at a coefficient where the KL term matters (`STRONG_KL`), and
-the moving anchor at coefficients between the two (`KL_SWEEP`)."""
+the moving anchor at coefficients around the strong one (`KL_SWEEP`)."""
 
 
 @functools.cache

@@ -68,11 +68,9 @@ def test_each_algorithm_runs_at_its_published_settings_not_the_presets_tuning(
 
 
 @pytest.mark.parametrize("beta", KL_SWEEP)
-def test_the_kl_sweep_runs_the_strong_moving_anchor_at_a_coefficient_between_the_papers_and_the_strong_one(
-    beta: str,
-) -> None:
-    """``kl_moving_<beta>`` differs from ``kl_moving_strong`` in lambda_max only, which lies between the paper's (the
-    baseline's) and the strong one (docs/arena.md, "The KL coefficient on the hackable task")."""
+def test_the_kl_sweep_runs_the_strong_moving_anchor_at_another_coefficient_above_the_papers(beta: str) -> None:
+    """``kl_moving_<beta>`` differs from ``kl_moving_strong`` in lambda_max only, which is above the paper's (the
+    baseline's) and not the strong one (docs/arena.md, "The KL coefficient on the hackable task")."""
     from sage_trl import cli
 
     def kl_of(variant: str | None) -> tuple[str, float, int]:
@@ -82,7 +80,7 @@ def test_the_kl_sweep_runs_the_strong_moving_anchor_at_a_coefficient_between_the
     (strategy, swept, anchor), (_, papers, _) = kl_of(f"kl_moving_{beta}"), kl_of(None)
     strong = kl_of("kl_moving_strong")
     assert (strategy, swept, anchor) == (strong[0], float(beta), strong[2])
-    assert papers < swept < strong[1]
+    assert papers < swept != strong[1]
 
 
 def test_the_grid_refuses_what_it_cannot_run() -> None:
