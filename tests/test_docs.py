@@ -159,15 +159,13 @@ def unknown_flags(command: list[str]) -> list[str]:
     return unknown
 
 
-_FLAG_TESTS = ("test_commands_that_need_more_use_existing_flags", "test_commands_in_prose_use_existing_flags")
-
-
 @pytest.fixture(scope="session")
 def help_of_the_checked_programs(request: pytest.FixtureRequest) -> None:
-    """Runs ``--help`` of every program the selected flag tests check, as many at once as there are CPUs, into
-    `help_text`'s cache: each is a fresh interpreter that imports torch and transformers (about 12 s on a slow 2-core
-    machine), and the 20 programs one after another took a sixth of this file's time."""
-    commands = [item.callspec.params["command"] for item in request.session.items if item.originalname in _FLAG_TESTS]
+    """Runs ``--help`` of every program the selected tests that use this fixture check, as many at once as there are
+    CPUs, into `help_text`'s cache: each is a fresh interpreter that imports torch and transformers (about 12 s on a
+    slow 2-core machine), and the 20 programs one after another took a sixth of this file's time."""
+    users = [item for item in request.session.items if "help_of_the_checked_programs" in item.fixturenames]
+    commands = [item.callspec.params["command"] for item in users]
     programs = {program for command in commands for program, _ in checked_parts(shlex.split(command))}
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         list(pool.map(help_text, sorted(programs)))
