@@ -34,7 +34,9 @@ import argparse
 import dataclasses
 import datetime
 import json
+import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -135,8 +137,7 @@ def phase_table(plans: Sequence[PreflightPlan]) -> str:
 
 def measure_config(path: Path, overrides: Sequence[str] = (), *, weights: str = "random") -> list[Any]:
     """The same phases for real on the current CUDA device (see the module docstring)."""
-    from sage_trl.preflight import resolve_model_configs
-    from sage_trl.preflight.measure import measure_training_step
+    from sage_trl.preflight import measure, resolve_model_configs
     from sage_trl.preflight.models import build_pipeline
     from sage_trl.preflight.runner import backbone_for
     from sage_trl.training_setup import load_training_backbone
@@ -148,14 +149,21 @@ def measure_config(path: Path, overrides: Sequence[str] = (), *, weights: str = 
     else:
         configs = resolve_model_configs(config.model_name_or_path)
         dtype = config.parameter_dtype(lora_config is not None)
-        backbone = backbone_for(configs, build_pipeline(configs, dtype, _device_of(config)), config)
-    return measure_training_step(backbone, config, lora_config)
+        started = time.perf_counter()
+        on_gpu = torch.cuda.is_available()  # the tests run this on CPU
+        pipeline = build_pipeline(configs, dtype, _device_of(config), made_on="cuda" if on_gpu else None)
+        if on_gpu:
+            torch.cuda.empty_cache()  # what the components made there and moved to the host left in the cache
+        measure.logger.info("made the random weights in %.1f s", time.perf_counter() - started)
+        backbone = backbone_for(configs, pipeline, config)
+    return measure.measure_training_step(backbone, config, lora_config)
 
 
 def _device_of(config: Any) -> Callable[[str], str]:
-    """Where each component's random weights are made: on the GPU; with ``precompute_prompt_embeddings`` all but
-    the text encoders on the host, as the trainer loads them (`training_setup.load_training_backbone`) and as
-    the prompt precompute moves them (`training_setup.precompute_prompt_embeddings`)."""
+    """Where each component's random weights go (they are made on the GPU: `build_pipeline`'s ``made_on``): on
+    the GPU; with ``precompute_prompt_embeddings`` all but the text encoders on the host, as the trainer loads them
+    (`training_setup.load_training_backbone`) and as the prompt precompute moves them
+    (`training_setup.precompute_prompt_embeddings`)."""
     from sage_trl.training_setup import TEXT_ENCODER_NAMES
 
     if not config.precompute_prompt_embeddings:
@@ -300,6 +308,7 @@ def _parse_arguments(argv: Sequence[str] | None) -> tuple[argparse.Namespace, li
 def _measure_only(args: argparse.Namespace, overrides: Sequence[str]) -> None:
     if not torch.cuda.is_available():
         raise ValueError("--measure_only measures on a CUDA GPU and none is visible; drop it to plan only.")
+    _log_phases_to_stderr()
     records = []
     for path in args.config:
         records.append(measured_record(path, overrides, weights=args.weights, card_gib=args.card_gib))
@@ -308,6 +317,16 @@ def _measure_only(args: argparse.Namespace, overrides: Sequence[str]) -> None:
     print(text)
     if args.output is not None:
         args.output.write_text(text)
+
+
+def _log_phases_to_stderr() -> None:
+    """Print each phase's measurement (JSON) as it ends: a lease that stops the run mid-step keeps what it measured."""
+    from sage_trl.preflight import measure
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    measure.logger.addHandler(handler)
+    measure.logger.setLevel(logging.INFO)
 
 
 def main(argv: Sequence[str] | None = None) -> list[PreflightPlan]:
@@ -325,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> list[PreflightPlan]:
     if args.measured is not None:
         parts += compare_measured(json.loads(args.measured.read_text()), args.config, args.gpu)
     elif torch.cuda.is_available():
+        _log_phases_to_stderr()
         for path in args.config:
             record = measured_record(path, overrides, weights=args.weights)
             parts += compare_measured([record], [path], args.gpu)

@@ -10,6 +10,9 @@ start_bytes`` is the same quantity.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -22,6 +25,9 @@ from sage_env.backbones import VideoBackbone
 from sage_trl.preflight import sequence
 
 __all__ = ["EXPERT_SWAP_PHASE", "MODEL_TO_DEVICE_PHASE", "MeasuredPhase", "measure_training_step", "profiled_peak"]
+
+logger = logging.getLogger(__name__)
+"""Logs each phase as JSON when it is measured, so that a GPU lease that ends mid-step keeps the phases it ran."""
 
 EXPERT_SWAP_PHASE = "expert swap"
 """Name of the measured phases that swap the idle expert in (measured only: the trace counts swaps, not their time)."""
@@ -102,11 +108,15 @@ class _MeasureRecorder:
             peak = torch.cuda.max_memory_allocated(self.device)
             reserved = torch.cuda.max_memory_reserved(self.device)
             seconds = time.perf_counter() - start_time
-            self.phases.append(MeasuredPhase(name, peak - start, start, peak, seconds, reserved))
+            self._add(MeasuredPhase(name, peak - start, start, peak, seconds, reserved))
             return
         with _profiled() as result:
             yield
-        self.phases.append(MeasuredPhase(name, result[0], None, None, time.perf_counter() - start_time))
+        self._add(MeasuredPhase(name, result[0], None, None, time.perf_counter() - start_time))
+
+    def _add(self, phase: MeasuredPhase) -> None:
+        self.phases.append(phase)
+        logger.info("measured phase %s", json.dumps(dataclasses.asdict(phase)))
 
     def live(self) -> None:
         return None

@@ -4,7 +4,9 @@ the savers that make a config fit, and the pieces (meter, shadow values, replaye
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import huggingface_hub
@@ -83,14 +85,21 @@ def example(name: str, *overrides: str) -> tuple[object, SageGRPOConfig]:
 
 @pytest.mark.parametrize("model", ["wan", "hunyuan"])
 def test_traced_peaks_equal_the_cpu_allocators_peaks_of_the_same_step(
-    model: str, tiny_wan_path: Path, tiny_hunyuan_path: Path, tmp_path: Path
+    model: str, tiny_wan_path: Path, tiny_hunyuan_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = {"wan": tiny_wan_path, "hunyuan": tiny_hunyuan_path}[model]
     config = tiny_config(path, tmp_path)
     traced = trace_plan(config, tiny_lora(), model_configs=resolve_model_configs(str(path)))
     torch.manual_seed(0)
-    measured = measure_training_step(load_backbone(str(path)), config, tiny_lora())
+    with caplog.at_level(logging.INFO, logger="sage_trl.preflight.measure"):
+        measured = measure_training_step(load_backbone(str(path)), config, tiny_lora())
     assert [p.name for p in traced.phases] == [m.name for m in measured]
+    logged = [
+        json.loads(record.getMessage().removeprefix("measured phase "))
+        for record in caplog.records
+        if record.name == "sage_trl.preflight.measure"
+    ]
+    assert logged == [dataclasses.asdict(m) for m in measured]  # each phase as it ends: a killed run keeps them
     for phase, real in zip(traced.phases, measured):
         transient = phase.peak_bytes - phase.start_bytes
         if phase.name in EXACT_PHASES:
@@ -364,6 +373,15 @@ def test_replayed_vae_decode_equals_running_every_call(tiny_wan_path: Path) -> N
 
 
 # -- configs, GPUs, world sizes -----------------------------------------------------------------------------
+
+
+def test_random_weights_made_on_one_device_end_on_each_components_own(tiny_wan_path: Path) -> None:
+    configs = resolve_model_configs(str(tiny_wan_path))
+    homes = {"transformer": "meta"}  # meta stands in for the host, the CPU for the GPU they are made on
+    pipeline = build_pipeline(configs, torch.float32, lambda name: homes.get(name, "cpu"), made_on="cpu")
+    assert {p.device.type for p in pipeline.transformer.parameters()} == {"meta"}
+    for name in ("vae", "text_encoder"):
+        assert {p.device.type for p in getattr(pipeline, name).parameters()} == {"cpu"}, name
 
 
 def test_shipped_configs_build_the_published_model_sizes() -> None:
