@@ -36,11 +36,11 @@ STRONG_KL = _kl_coefficient("2")
 """A KL term that matters on the toy's 40 steps: lambda_max 2 (the paper's 1e-5 leaves the KL term negligible there;
 its gradient is about 5e-6 of the policy gradient, so at 2 the two are of one size)."""
 
-KL_SWEEP = ("0.5", "0.1", "8")
+KL_SWEEP = ("0.5", "0.1", "8", "32")
 """The moving anchor's coefficients around `STRONG_KL`'s 2 (variants ``kl_moving_<beta>``): on the hackable task
 lambda_max 2 stops most of the reward's gaming (docs/arena.md). 0.5 and 0.1, between the paper's 1e-5 and 2, ask
 whether a weaker term keeps that protection and learns more of what the reward gets right; 8 asks whether a stronger
-one protects more or only learns less."""
+one protects more or only learns less; 32 looks for where the dial turns over (8 was still the best measured)."""
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "sde_flow_grpo": ("--sde", "flow_grpo"),
