@@ -214,9 +214,10 @@ def build_pipeline(
 ) -> Any:
     """The diffusers pipeline of ``configs`` with every component built from its config (call under fake tensors,
     or with ``device_of(component name)`` for random weights made on that device). With ``made_on`` each
-    component's random weights are made there and then moved to ``device_of(name)``, one component at a time: a
-    GPU's random number generator fills Wan 2.2 A14B's two 14B experts in seconds, the host's takes minutes
-    (about 13 s per billion bf16 parameters on a 2-core machine; ``uniform_`` barely uses more threads)."""
+    component's random weights are made there and then moved to ``device_of(name)``, one component at a time: the
+    host's random number generator takes minutes for Wan 2.2 A14B's two 14B experts (about 13 s per billion bf16
+    parameters on a 2-core machine; ``uniform_`` barely uses more threads), a GPU's seconds, and the copy of one
+    expert to the host about as long as one way of an expert swap (11-17 s measured on an H200 machine)."""
     import diffusers
 
     index = configs.components["model_index"]
