@@ -27,7 +27,8 @@ from sage_trl.preflight import sequence
 __all__ = ["EXPERT_SWAP_PHASE", "MODEL_TO_DEVICE_PHASE", "MeasuredPhase", "measure_training_step", "profiled_peak"]
 
 logger = logging.getLogger(__name__)
-"""Logs each phase as JSON when it is measured, so that a GPU lease that ends mid-step keeps the phases it ran."""
+"""Logs each phase as JSON when it is measured, so that a GPU lease that ends mid-step keeps the phases it ran (and
+`benchmarks.gpu_memory` logs here how long the random weights took to make)."""
 
 EXPERT_SWAP_PHASE = "expert swap"
 """Name of the measured phases that swap the idle expert in (measured only: the trace counts swaps, not their time)."""

@@ -231,11 +231,12 @@ def build_pipeline(
         if name.startswith("tokenizer"):
             arguments[name] = PaddedTokenizer()
         elif library is not None:
-            made_where = made_on or (device_of(name) if device_of is not None else None)
+            home = device_of(name) if device_of is not None else None
+            made_where = made_on or home
             with torch.device(made_where) if made_where is not None else nullcontext():
                 arguments[name] = build_component(library, class_name, configs.components.get(name, {}), dtype)
-            if made_on is not None and isinstance(arguments[name], torch.nn.Module):
-                arguments[name].to(device_of(name) if device_of is not None else made_on)
+            if home != made_where and isinstance(arguments[name], torch.nn.Module):
+                arguments[name].to(home)
     for name, value in index.items():
         if name in accepted and not isinstance(value, list) and not name.startswith("_"):
             arguments[name] = value  # pipeline settings such as Wan 2.2's boundary_ratio
