@@ -15,6 +15,7 @@ from sage_trl.presets import PER_ALGORITHM, algorithm_values, load_preset, prese
 
 __all__ = [
     "KL_SWEEP",
+    "MATCHED_NOISE_ETA",
     "PROFILES",
     "STRONG_KL",
     "VARIANTS",
@@ -42,22 +43,31 @@ lambda_max 2 stops most of the reward's gaming (docs/arena.md). 0.5 and 0.1, bet
 whether a weaker term keeps that protection and learns more of what the reward gets right; 8 asks whether a stronger
 one protects more or only learns less; 32 looks for where the dial turns over (8 was still the best measured)."""
 
+MATCHED_NOISE_ETA = {"dance_grpo": "2.6", "cps": "0.47"}
+"""The eta at which each SDE explores as much as SAGE's at the toy preset's 0.7 on the toy task's SDE steps (the
+first 5 of 10): the mean per-step noise std is 0.58 for both (variants ``sde_<sde>_eta_<eta>``). At equal eta they
+differ: 0.16 for dance_grpo and 0.77 for cps, against 0.58 for sage and 0.56 for flow_grpo, so at 0.7 the SDE types
+compare their noise levels more than their forms (docs/arena.md, "The SDE on the hackable task"). dance_grpo's 2.6 lies
+far above the published methods' 0.3-1.0: that is what its form needs to explore as much here."""
+
 VARIANTS: dict[str, tuple[str, ...]] = {
     "sde_flow_grpo": ("--sde", "flow_grpo"),
     "sde_dance_grpo": ("--sde", "dance_grpo"),
     "sde_cps": ("--sde", "cps"),
+    **{f"sde_{sde}_eta_{eta}": ("--sde", sde, "--eta", eta) for sde, eta in MATCHED_NOISE_ETA.items()},
     "eta_0.55": ("--eta", "0.55"),
     "no_equalizer": ("--equalizer", "false"),
     **{f"kl_{kind}": ("--kl_strategy", kind) for kind in ("none", "fixed", "moving", "stepwise")},
     **{f"kl_{kind}_strong": ("--kl_strategy", kind, *STRONG_KL) for kind in ("fixed", "moving", "stepwise", "dual")},
     **{f"kl_moving_{beta}": ("--kl_strategy", "moving", *_kl_coefficient(beta)) for beta in KL_SWEEP},
 }
-"""The paper's ablations of ``sage_grpo`` (a cell ``sage_grpo+<variant>`` adds these flags): the SDE type (Sec. 3);
-SAGE's exploration scale at 0.55, where its mean noise std over the few-step task's SDE steps (0.748) meets flow_grpo's
-and cps' at the toy preset's 0.7 (0.757 and 0.735), so that the SDE types compare at equal exploration there (0.55 is
-near SAGE's official 0.5); the temporal gradient equalizer off (Sec. 4.2); the KL strategies other than its dual KL
-(Sec. 3.2.2, Table 2) at the paper's coefficients, each at a coefficient where the KL term matters (`STRONG_KL`), and
-the moving anchor at coefficients around the strong one (`KL_SWEEP`)."""
+"""The paper's ablations of ``sage_grpo`` (a cell ``sage_grpo+<variant>`` adds these flags): the SDE type (Sec. 3), at
+the toy preset's eta and at the eta where dance_grpo and cps explore as much as SAGE on the toy task
+(`MATCHED_NOISE_ETA`); SAGE's exploration scale at 0.55, where its mean noise std over the few-step task's SDE steps
+(0.748) meets flow_grpo's and cps' at the toy preset's 0.7 (0.757 and 0.735), so that the SDE types compare at equal
+exploration there (0.55 is near SAGE's official 0.5); the temporal gradient equalizer off (Sec. 4.2); the KL strategies
+other than its dual KL (Sec. 3.2.2, Table 2) at the paper's coefficients, each at a coefficient where the KL term
+matters (`STRONG_KL`), and the moving anchor at coefficients around the strong one (`KL_SWEEP`)."""
 
 
 @functools.cache
