@@ -194,40 +194,26 @@ def test_merging_names_the_settings_a_cell_ran_with_otherwise(tmp_path: Path, ca
     assert not (tmp_path / "merged" / MERGED_CELL.folder).exists()
 
 
-def mean_noise_std(task: str, sde: str, eta: float) -> float:
-    """The mean per-step noise std of ``sde`` at ``eta`` over ``task``'s SDE steps (the toy preset's schedule and
-    window unless the task's flags set them): what a run logs as ``rollout/exploration_std``."""
-    from sage_env.models import TOY_SAMPLING_DEFAULTS
-    from sage_env.sde import flow_match_sigmas, get_sde
-    from sage_trl.presets import load_preset
+def mean_noise_std(cell: Cell) -> float:
+    """The mean per-step noise std over the SDE steps of the run ``cell`` makes, from the settings ``sage-train``
+    resolves its flags to (schedule, window, SDE and eta): what the run logs as ``rollout/exploration_std``."""
+    from sage_env.sde import flow_match_sigmas, noise_std
+    from sage_trl.cli.parsing import parse_train_arguments
 
-    flags = list(TASKS[task].flags)
-    steps = TOY_SAMPLING_DEFAULTS.num_steps
-    if "--num_inference_steps" in flags:
-        steps = int(flags[flags.index("--num_inference_steps") + 1])
-    first, last = load_preset("toy")["sde_window"]
-    if "--sde_window" in flags:
-        first, last = (int(v) for v in flags[flags.index("--sde_window") + 1 :][:2])
-    sigmas = flow_match_sigmas(steps, TOY_SAMPLING_DEFAULTS.shift)
-    return float(get_sde(sde).variance(sigmas[first:last], sigmas[first + 1 : last + 1], eta).sqrt().mean())
-
-
-def variant_eta(variant: str) -> float:
-    flags = VARIANTS[variant]
-    return float(flags[flags.index("--eta") + 1])
+    _, config = parse_train_arguments([*cell.flags(), "--output_dir", "never-written"])
+    first, last = config.sde_window
+    sigmas = flow_match_sigmas(config.num_inference_steps, config.shift)
+    return float(noise_std(config.sde, sigmas[first:last], sigmas[first + 1 : last + 1], config.eta).mean())
 
 
 def test_the_eta_variant_matches_sage_exploration_to_flow_grpo_and_cps_on_the_few_step_task() -> None:
     """``eta_0.55``'s promise (VARIANTS' docstring): on the few-step task's SDE steps, SAGE's mean noise std at 0.55
     lies between cps' and flow_grpo's at the toy preset's eta, within 2% of each (at 0.7 it is 26% above)."""
-    from sage_trl.presets import load_preset
-
-    preset_eta = load_preset("toy")["eta"]
-    matched = mean_noise_std("few_step", "sage", variant_eta("eta_0.55"))
-    others = [mean_noise_std("few_step", sde, preset_eta) for sde in ("cps", "flow_grpo")]
+    matched = mean_noise_std(Cell("sage_grpo", "few_step", 0, "eta_0.55"))
+    others = [mean_noise_std(Cell("sage_grpo", "few_step", 0, f"sde_{sde}")) for sde in ("cps", "flow_grpo")]
     assert others[0] < matched < others[1]
     assert all(abs(matched / other - 1) < 0.02 for other in others)
-    assert mean_noise_std("few_step", "sage", preset_eta) / others[1] > 1.2
+    assert mean_noise_std(Cell("sage_grpo", "few_step", 0)) / others[1] > 1.2
 
 
 @pytest.mark.parametrize("task", ["toy", "hackable"])
@@ -235,15 +221,12 @@ def test_the_matched_noise_variants_explore_as_much_as_sage_on_the_toy_schedule(
     """`MATCHED_NOISE_ETA`'s promise: on the toy schedule (the toy and hackable tasks' SDE steps) dance_grpo at 2.6
     and cps at 0.47 have SAGE's mean noise std at the toy preset's eta within 1%; at that eta they are 73% below
     and 33% above it."""
-    from sage_trl.presets import load_preset
-
-    preset_eta = load_preset("toy")["eta"]
-    sage = mean_noise_std(task, "sage", preset_eta)
+    sage = mean_noise_std(Cell("sage_grpo", task, 0))
     for sde, eta in MATCHED_NOISE_ETA.items():
         variant = f"sde_{sde}_eta_{eta}"
         assert VARIANTS[variant][:2] == ("--sde", sde)
-        assert abs(mean_noise_std(task, sde, variant_eta(variant)) / sage - 1) < 0.01
-        assert abs(mean_noise_std(task, sde, preset_eta) / sage - 1) > 0.3
+        assert abs(mean_noise_std(Cell("sage_grpo", task, 0, variant)) / sage - 1) < 0.01
+        assert abs(mean_noise_std(Cell("sage_grpo", task, 0, f"sde_{sde}")) / sage - 1) > 0.3
 
 
 def test_the_baseline_may_be_a_variants_row(tmp_path: Path, capsys) -> None:
