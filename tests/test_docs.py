@@ -15,14 +15,17 @@ Inline ``sage-train --flag`` style mentions in prose are checked against ``--hel
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
+import importlib.metadata
+import io
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -120,15 +123,33 @@ def commands_of(code: str) -> list[str]:
     ]
 
 
+def main_of(program: str) -> Callable[[list[str]], object]:
+    """The function ``program`` runs: an entry point's installed target, or the module's ``main``."""
+    if program in ENTRY_POINTS:
+        (entry_point,) = importlib.metadata.entry_points(group="console_scripts", name=program)
+        return entry_point.load()
+    return importlib.import_module(program.split()[-1]).main
+
+
 @cache
 def help_text(program: str) -> str:
-    """``program --help`` (an entry point, or ``python -m module``)."""
-    argv = program.split() if program in ENTRY_POINTS else [sys.executable, "-m", program.split()[-1]]
-    done = subprocess.run(
-        [*argv, "--help"], capture_output=True, text=True, env=offline_environment(), cwd=ROOT, timeout=300
-    )
-    assert done.returncode == 0, f"{program} --help failed:\n{done.stderr[-2000:]}"
-    return done.stdout
+    """``program --help`` (an entry point, or ``python -m module``), from its parser in this process: a fresh
+    interpreter per program imports torch and transformers again (about 19 s each on a slow 2-core machine, a
+    sixth of the suite's time for 20 programs). `test_help_in_process_lists_what_the_command_line_does` holds
+    this to what the installed command prints."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            main_of(program)(["--help"])
+    except SystemExit as done:
+        assert done.code in (0, None), f"{program} --help exited with {done.code}"
+    else:
+        raise AssertionError(f"{program} --help returned instead of exiting as argparse does")
+    return printed.getvalue()
+
+
+def help_flags(help_output: str) -> set[str]:
+    return set(re.findall(r"--[\w-]+", help_output))
 
 
 def program_of(command: list[str]) -> str | None:
@@ -154,21 +175,9 @@ def checked_parts(command: list[str]) -> list[tuple[str, list[str]]]:
 def unknown_flags(command: list[str]) -> list[str]:
     unknown = []
     for program, part in checked_parts(command):
-        listed = set(re.findall(r"--[\w-]+", help_text(program)))
+        listed = help_flags(help_text(program))
         unknown += [flag for flag in (t.split("=")[0] for t in part if t.startswith("--")) if flag not in listed]
     return unknown
-
-
-@pytest.fixture(scope="session")
-def help_of_the_checked_programs(request: pytest.FixtureRequest) -> None:
-    """Runs ``--help`` of every program the selected tests that use this fixture check, as many at once as there are
-    CPUs, into `help_text`'s cache: each is a fresh interpreter that imports torch and transformers (about 12 s on a
-    slow 2-core machine), and the 20 programs one after another took a sixth of this file's time."""
-    users = [item for item in request.session.items if "help_of_the_checked_programs" in item.fixturenames]
-    commands = [item.callspec.params["command"] for item in users]
-    programs = {program for command in commands for program, _ in checked_parts(shlex.split(command))}
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        list(pool.map(help_text, sorted(programs)))
 
 
 def ci_script() -> str:
@@ -233,7 +242,6 @@ def _bash_commands(runs: bool) -> list:
     ]
 
 
-@pytest.mark.usefixtures("help_of_the_checked_programs")
 @pytest.mark.parametrize("block,command", _bash_commands(runs=False))
 def test_commands_that_need_more_use_existing_flags(block: Block, command: str) -> None:
     assert not unknown_flags(shlex.split(command)), (
@@ -269,6 +277,25 @@ def test_bash_commands_run(block: Block, command: str, tmp_path: Path) -> None:
         assert evaluation["after"]["world_distance"] < evaluation["before"]["world_distance"], evaluation
 
 
+def test_help_in_process_lists_what_the_command_line_does() -> None:
+    """One installed entry point and one ``python -m`` program, run as the user types them (at once: each is a
+    fresh interpreter), list exactly the flags `help_text` reads in this process (each with one of its own)."""
+    programs = {  # program: (its command line, a flag its parser declares)
+        "sage-arena": ([str(Path(sys.executable).with_name("sage-arena"))], "--seeds"),
+        "python -m benchmarks.sde_noise_std": ([sys.executable, "-m", "benchmarks.sde_noise_std"], "--eta"),
+    }
+    started = {
+        program: subprocess.Popen([*argv, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=offline_environment(), cwd=ROOT)
+        for program, (argv, _) in programs.items()
+    }
+    for program, process in started.items():
+        printed, errors = process.communicate(timeout=300)
+        assert process.returncode == 0, f"{program} --help failed:\n{errors[-2000:]}"
+        assert programs[program][1] in help_flags(printed), f"{program} --help printed:\n{printed}"
+        assert help_flags(printed) == help_flags(help_text(program)), program
+
+
 def _inline_commands() -> list:
     found = {}
     for path in markdown_files():
@@ -278,7 +305,6 @@ def _inline_commands() -> list:
     return [pytest.param(path, command, id=f"{path.relative_to(ROOT)}: {command}") for path, command in found]
 
 
-@pytest.mark.usefixtures("help_of_the_checked_programs")
 @pytest.mark.parametrize("path,command", _inline_commands())
 def test_commands_in_prose_use_existing_flags(path: Path, command: str) -> None:
     argv = shlex.split(command)
