@@ -131,6 +131,13 @@ def main_of(program: str) -> Callable[[list[str]], object]:
     return importlib.import_module(program.split()[-1]).main
 
 
+def command_line(program: str) -> list[str]:
+    """``program`` as the user types it, in this interpreter's environment: the installed script, or ``python -m``."""
+    if program in ENTRY_POINTS:
+        return [str(Path(sys.executable).with_name(program))]
+    return [sys.executable, "-m", program.split()[-1]]
+
+
 @cache
 def help_text(program: str) -> str:
     """``program --help`` (an entry point, or ``python -m module``), from its parser in this process: a fresh
@@ -280,19 +287,16 @@ def test_bash_commands_run(block: Block, command: str, tmp_path: Path) -> None:
 def test_help_in_process_lists_what_the_command_line_does() -> None:
     """One installed entry point and one ``python -m`` program, run as the user types them (at once: each is a
     fresh interpreter), list exactly the flags `help_text` reads in this process (each with one of its own)."""
-    programs = {  # program: (its command line, a flag its parser declares)
-        "sage-arena": ([str(Path(sys.executable).with_name("sage-arena"))], "--seeds"),
-        "python -m benchmarks.sde_noise_std": ([sys.executable, "-m", "benchmarks.sde_noise_std"], "--eta"),
-    }
+    declared = {"sage-arena": "--seeds", "python -m benchmarks.sde_noise_std": "--eta"}  # one flag of each parser
     started = {
-        program: subprocess.Popen([*argv, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=offline_environment(), cwd=ROOT)
-        for program, (argv, _) in programs.items()
+        program: subprocess.Popen([*command_line(program), "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=offline_environment(), cwd=ROOT)
+        for program in declared
     }
     for program, process in started.items():
         printed, errors = process.communicate(timeout=300)
         assert process.returncode == 0, f"{program} --help failed:\n{errors[-2000:]}"
-        assert programs[program][1] in help_flags(printed), f"{program} --help printed:\n{printed}"
+        assert declared[program] in help_flags(printed), f"{program} --help printed:\n{printed}"
         assert help_flags(printed) == help_flags(help_text(program)), program
 
 
