@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from agents import KL_STRATEGIES, AlgorithmAgent
+from agents import KL_STRATEGIES, AlgorithmAgent, AlgorithmConfig
 from benchmarks import reporting
 from benchmarks.toy_training import (
     ToyRunResult,
@@ -45,16 +45,17 @@ from benchmarks.toy_training import (
     run_toy_training,
 )
 from sage_env.env import Trajectory
+from sage_trl.arena.grid import KL_ANCHOR_UPDATE_STEPS, STRONG_KL_BETA
 
 NAME = "kl_ablation"
 SDE_KINDS = ("sage", "flow_grpo", "dance_grpo", "cps")
 SETTINGS = ("setting_a", "setting_b")
 
-PAPER_KL = (1e-5, 10)
+PAPER_KL = (AlgorithmConfig.defaults["beta"], AlgorithmConfig.defaults["anchor_update_steps"])
 """(beta, anchor_update_steps) of the paper: lambda_KL in [1e-7, 1e-5], anchor refreshed every 10 steps."""
-STRONG_KL = (2.0, 3)
+STRONG_KL = (STRONG_KL_BETA, KL_ANCHOR_UPDATE_STEPS)
 """A KL term of the same order as the policy term (see `kl_gradient_share`), with an anchor that moves within a
-short run: what the strategies do when the regulariser actually acts."""
+short run: what the strategies do when the regulariser actually acts (the arena's strong KL variants)."""
 
 Config = tuple[str, str, str, tuple[float, int]]  # (reward preset, SDE type, KL strategy, (beta, anchor N))
 

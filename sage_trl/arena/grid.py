@@ -14,10 +14,12 @@ from sage_trl.arena.tasks import TASKS, task_named
 from sage_trl.presets import PER_ALGORITHM, algorithm_values, load_preset, preset_for_model
 
 __all__ = [
+    "KL_ANCHOR_UPDATE_STEPS",
     "KL_SWEEP",
     "MATCHED_NOISE_ETA",
     "PROFILES",
     "STRONG_KL",
+    "STRONG_KL_BETA",
     "VARIANTS",
     "ArenaGrid",
     "Cell",
@@ -27,15 +29,23 @@ __all__ = [
 ]
 
 
-def _kl_coefficient(beta: str) -> tuple[str, ...]:
-    """The KL term at lambda_max ``beta`` with the moving anchor refreshed every 3 steps, as in docs/benchmarks.md
-    section 8."""
-    return ("--beta", beta, "--anchor_update_steps", "3")
-
-
-STRONG_KL = _kl_coefficient("2")
-"""A KL term that matters on the toy's 40 steps: lambda_max 2 (the paper's 1e-5 leaves the KL term negligible there;
+STRONG_KL_BETA = 2.0
+"""lambda_max of a KL term that matters on the toy's 40 steps (the paper's 1e-5 leaves the KL term negligible there;
 its gradient is about 5e-6 of the policy gradient, so at 2 the two are of one size)."""
+
+KL_ANCHOR_UPDATE_STEPS = 3
+"""The moving anchor's refresh interval in the strong and swept KL variants: 13 refreshes in a 40-step run, where the
+paper's 10 would give 4 (docs/benchmarks.md, section 8)."""
+
+
+def _kl_coefficient(beta: str) -> tuple[str, ...]:
+    """The KL term at lambda_max ``beta`` with the moving anchor refreshed every `KL_ANCHOR_UPDATE_STEPS` steps."""
+    return ("--beta", beta, "--anchor_update_steps", str(KL_ANCHOR_UPDATE_STEPS))
+
+
+STRONG_KL = _kl_coefficient(f"{STRONG_KL_BETA:g}")
+"""The flags of a KL term that matters on the toy's 40 steps: lambda_max `STRONG_KL_BETA` (2), the anchor refreshed
+every `KL_ANCHOR_UPDATE_STEPS` (3) steps. The toy preset's ``per_algorithm`` KL for ``sage_grpo`` is this one."""
 
 KL_SWEEP = ("0.5", "0.1", "8", "32")
 """The moving anchor's coefficients around `STRONG_KL`'s 2 (variants ``kl_moving_<beta>``): on the hackable task
