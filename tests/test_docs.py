@@ -46,7 +46,8 @@ SMALL_RUN_FLAGS = {
     "sage-arena": ["--", "--max_steps", "1", "--num_eval_prompts", "1", "--gradient_norm_steps", "0",
                    "--num_generations", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1"],
 }
-_FENCE = re.compile(r"^```(\S*)(.*)$")
+# A fence may be indented (a block inside a list item): its code is read without that indentation.
+_FENCE = re.compile(r"^( *)```(\S*)(.*)$")
 _INLINE_COMMAND = re.compile(r"`((?:sage-train|sage-generate|sage-push|sage-arena|python -m [\w.]+)(?: [^`]*)?)`")
 
 
@@ -77,17 +78,12 @@ def blocks_of(path: Path) -> list[Block]:
         if not match:
             index += 1
             continue
-        end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
-        blocks.append(
-            Block(
-                path,
-                index + 1,
-                match.group(1),
-                "no-run" not in match.group(2).split(),
-                "\n".join(lines[index + 1 : end]) + "\n",
-                paragraph_before(lines, index),
-            )
-        )
+        indent, language, options = match.groups()
+        end = next((i for i in range(index + 1, len(lines)) if lines[i].strip() == "```"), None)
+        assert end is not None, f"{path}:{index + 1}: this ``` fence is never closed (close it with a ``` line)"
+        code = [line.removeprefix(indent) for line in lines[index + 1 : end]]
+        runs = "no-run" not in options.split()
+        blocks.append(Block(path, index + 1, language, runs, "\n".join(code) + "\n", paragraph_before(lines, index)))
         index = end + 1
     return blocks
 
@@ -194,6 +190,18 @@ def ci_script() -> str:
 def test_every_fence_names_its_language() -> None:
     unlabelled = [f"{b} (```{b.language})" for b in ALL_BLOCKS if b.language not in LANGUAGES]
     assert not unlabelled, f"label these code blocks with one of {sorted(LANGUAGES)}: {unlabelled}"
+
+
+def test_a_fence_inside_a_list_item_is_read_as_its_block(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "* **An item.** This block needs a GPU:\n\n  ```python no-run\n  import torch\n\n  x = 1\n  ```\n\n"
+        "```bash\nsage-train\n```\n"
+    )
+    item, top = blocks_of(page)
+    assert (item.line, item.language, item.runs, item.code) == (3, "python", False, "import torch\n\nx = 1\n")
+    assert item.reason == "* **An item.** This block needs a GPU:"
+    assert (top.line, top.language, top.runs, top.code) == (9, "bash", True, "sage-train\n")
 
 
 def test_every_block_that_does_not_run_says_what_it_needs() -> None:
