@@ -26,7 +26,6 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import pytest
 import yaml
 
 from sage_trl.run_folder import layout
+from tests.fixtures.markdown import Block, blocks_of, first_block
 from tests.fixtures.toml import toml_loads
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,57 +46,13 @@ SMALL_RUN_FLAGS = {
     "sage-arena": ["--", "--max_steps", "1", "--num_eval_prompts", "1", "--gradient_norm_steps", "0",
                    "--num_generations", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1"],
 }
-# A fence may be indented (a block inside a list item): its code is read without that indentation.
-_FENCE = re.compile(r"^( *)```(\S*)(.*)$")
 _INLINE_COMMAND = re.compile(r"`((?:sage-train|sage-generate|sage-push|sage-arena|python -m [\w.]+)(?: [^`]*)?)`")
-
-
-@dataclass(frozen=True)
-class Block:
-    path: Path
-    line: int  # 1-based line of the opening fence
-    language: str
-    runs: bool
-    code: str
-    reason: str  # the paragraph before the fence
-
-    def __str__(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
 
 
 def markdown_files() -> list[Path]:
     """README.md, docs/*.md and every README.md of the packages, examples and benchmarks."""
     nested = [p for p in ROOT.glob("*/**/README.md") if not any(part.startswith(".") for part in p.parts)]
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(nested)]
-
-
-def blocks_of(path: Path) -> list[Block]:
-    lines = path.read_text().splitlines()
-    blocks, index = [], 0
-    while index < len(lines):
-        match = _FENCE.match(lines[index])
-        if not match:
-            index += 1
-            continue
-        indent, language, options = match.groups()
-        end = next((i for i in range(index + 1, len(lines)) if lines[i].strip() == "```"), None)
-        assert end is not None, f"{path}:{index + 1}: this ``` fence is never closed (close it with a ``` line)"
-        code = [line.removeprefix(indent) for line in lines[index + 1 : end]]
-        runs = "no-run" not in options.split()
-        blocks.append(Block(path, index + 1, language, runs, "\n".join(code) + "\n", paragraph_before(lines, index)))
-        index = end + 1
-    return blocks
-
-
-def paragraph_before(lines: list[str], index: int) -> str:
-    """The lines of the paragraph that ends just above ``lines[index]``."""
-    end = index
-    while end > 0 and not lines[end - 1].strip():
-        end -= 1
-    start = end
-    while start > 0 and lines[start - 1].strip():
-        start -= 1
-    return " ".join(lines[start:end])
 
 
 ALL_BLOCKS = [block for path in markdown_files() for block in blocks_of(path)]
@@ -196,12 +152,15 @@ def test_a_fence_inside_a_list_item_is_read_as_its_block(tmp_path: Path) -> None
     page = tmp_path / "page.md"
     page.write_text(
         "* **An item.** This block needs a GPU:\n\n  ```python no-run\n  import torch\n\n  x = 1\n  ```\n\n"
-        "```bash\nsage-train\n```\n"
+        "## Running\n\n```bash\nsage-train\n```\n"
     )
     item, top = blocks_of(page)
     assert (item.line, item.language, item.runs, item.code) == (3, "python", False, "import torch\n\nx = 1\n")
-    assert item.reason == "* **An item.** This block needs a GPU:"
-    assert (top.line, top.language, top.runs, top.code) == (9, "bash", True, "sage-train\n")
+    assert (item.reason, item.heading) == ("* **An item.** This block needs a GPU:", "")
+    assert (top.line, top.language, top.runs, top.code, top.heading) == (11, "bash", True, "sage-train\n", "Running")
+    assert first_block(page, "bash", heading="Running") == top
+    with pytest.raises(AssertionError, match=r"page.md: no runnable ```python block"):
+        first_block(page, "python")  # the only Python block does not run
 
 
 def test_every_block_that_does_not_run_says_what_it_needs() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests.fixtures.markdown import first_block
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -16,8 +18,7 @@ def ci_block(name: str) -> list[str]:
 
 
 def readme_first_block() -> str:
-    text = (ROOT / "README.md").read_text()
-    return re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    return first_block(ROOT / "README.md", "bash").code
 
 
 def test_ci_installs_exactly_like_the_readme() -> None:

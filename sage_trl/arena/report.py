@@ -102,6 +102,31 @@ def _task_table(
     return lines
 
 
+def _paired_table(by_label: dict[str, list[dict[str, Any]]], baseline: str) -> list[str]:
+    """Each row's mean per-seed difference from the baseline over their shared seeds, score and gold, with 95%
+    Student t intervals and the count of seeds where the row is higher; empty with fewer than two shared seeds."""
+    base = {r["cell"]["seed"]: r for r in by_label[baseline]}
+    rows = []
+    for label, results in by_label.items():
+        shared = [(r, base[r["cell"]["seed"]]) for r in results if label != baseline and r["cell"]["seed"] in base]
+        if len(shared) < 2:
+            continue
+        cells = [f"`{label}`", str(len(shared))]
+        for key, digits in (("score", 4), ("gold", 5)):
+            differences = [r[key] - b[key] for r, b in shared]
+            mean, low, high = stats.paired_difference(differences)
+            higher = sum(d > 0 for d in differences)
+            cells += [f"{mean:+.{digits}f} {_interval(low, high, digits)}", f"{higher} of {len(shared)}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["", f"By seed against `{baseline}`: the rows share their seeds (a seed starts every row from the same "
+            "random draws), so the mean of the per-seed differences, with a 95% Student t interval over the shared "
+            "seeds, removes the spread they share; and in how many seeds the row is higher.", "",
+            "| algorithm | shared seeds | score difference [95% CI] | seeds higher | gold difference [95% CI] | "
+            "seeds higher |", "|---" * 6 + "|", *rows]  # fmt: skip
+
+
 def _task_section(output_dir: Path, task: str, by_label: dict[str, list[dict[str, Any]]], baseline: str) -> list[str]:
     """The task's heading, what it tests, its detectable difference, its table and figures (written here)."""
     spec = task_named(task)
@@ -117,6 +142,7 @@ def _task_section(output_dir: Path, task: str, by_label: dict[str, list[dict[str
              f"Score: the held-out change of `{spec.score}`{direction}, after training minus before. Gold: the fall of "
              f"`{spec.gold}`, the distance to the world's own videos (the score no reward can fool).", "", power, ""]  # fmt: skip
     lines += _task_table(by_label, baseline, score_iqm)
+    lines += _paired_table(by_label, baseline)
     figures = [
         _iqm_figure(output_dir / f"iqm_{task}.png", task, score_iqm),
         _profile_figure(output_dir / f"profile_{task}.png", task, by_label),

@@ -2,7 +2,10 @@
 ``rliable`` package): the interquartile mean of per-run scores, stratified bootstrap confidence intervals,
 the probability of improvement, performance profiles, and the smallest difference a grid can detect.
 
-Written on numpy rather than taken from ``rliable``: the arena needs five small functions, and ``rliable`` would
+Beside them, the paired reading the rows' shared seeds allow: the mean per-seed difference from the baseline with
+its Student t interval (Student's t distribution in closed form for whole degrees of freedom, so no scipy).
+
+Written on numpy rather than taken from ``rliable``: the arena needs a few small functions, and ``rliable`` would
 bring its own pinned dependencies (arch, scipy) into every install; each function below cites what it follows.
 Every bootstrap draws from a seeded generator, so the same cells give the same intervals.
 """
@@ -19,9 +22,11 @@ __all__ = [
     "bootstrap_interval",
     "detectable_difference",
     "iqm",
+    "paired_difference",
     "performance_profile",
     "probability_of_improvement",
     "reach_interval",
+    "t_quantile",
 ]
 
 BOOTSTRAP_REPS = 2000
@@ -129,3 +134,47 @@ def reach_interval(
     # No interpolation: a resample that never reaches the target is inf, and inf - inf is not a number.
     low, high = np.percentile(values, 2.5, method="lower"), np.percentile(values, 97.5, method="higher")
     return point, float(low), float(high)
+
+
+def _t_central_mass(t: float, dof: int) -> float:
+    """P(|T| <= t) for Student's t with a whole number ``dof`` of degrees of freedom, in closed form (Abramowitz and
+    Stegun 26.7.3-4): with theta = atan(t / sqrt(dof)), a finite series in cos(theta), odd and even dof apart."""
+    theta = math.atan(t / math.sqrt(dof))
+    cos_squared = math.cos(theta) ** 2
+    if dof % 2 == 0:  # sin(theta) * (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ... up to cos^(dof-2))
+        term, total = 1.0, 1.0
+        for k in range(1, dof // 2):
+            term *= cos_squared * (2 * k - 1) / (2 * k)
+            total += term
+        return math.sin(theta) * total
+    term, total = math.cos(theta), 0.0  # 2/pi * (theta + sin(theta) * (cos + 2/3 cos^3 + ... up to cos^(dof-2)))
+    for k in range(1, (dof - 1) // 2 + 1):
+        total += term
+        term *= cos_squared * (2 * k) / (2 * k + 1)
+    return 2.0 / math.pi * (theta + math.sin(theta) * total)
+
+
+def t_quantile(probability: float, dof: int) -> float:
+    """The ``probability`` quantile (between 0.5 and 1) of Student's t with ``dof`` degrees of freedom (a positive
+    whole number), by bisection of the closed-form distribution function: ``t_quantile(0.975, 11)`` is 2.201."""
+    if not 0.5 <= probability < 1.0 or dof < 1 or int(dof) != dof:
+        raise ValueError(f"t_quantile needs 0.5 <= probability < 1 and whole dof >= 1, got {probability}, {dof}.")
+    mass, low, high = 2.0 * probability - 1.0, 0.0, 1.0
+    while _t_central_mass(high, int(dof)) < mass:
+        high *= 2.0
+    for _ in range(100):  # the bracket halves each time: far below float precision at the end
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if _t_central_mass(middle, int(dof)) < mass else (low, middle)
+    return 0.5 * (low + high)
+
+
+def paired_difference(differences: Sequence[float]) -> tuple[float, float, float]:
+    """The mean of per-seed differences (a row's score minus the baseline's, seed by seed) and its 95% Student t
+    interval: the paired reading, which removes the spread the rows share through their seeds (a seed starts every
+    row from the same random draws). NaN bounds with fewer than two seeds."""
+    values = np.asarray(differences, dtype=np.float64)
+    mean = float(values.mean()) if len(values) else math.nan
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    half_width = t_quantile(0.975, len(values) - 1) * float(values.std(ddof=1)) / math.sqrt(len(values))
+    return mean, mean - half_width, mean + half_width

@@ -26,6 +26,7 @@ from sage_env.env import BackbonePolicy, DenoisingVectorEnv, run_episode
 from sage_trl.generate import generate_videos, parse_generate_arguments
 from sage_trl.lora import add_lora, save_lora_adapter
 from tests.doubles import mean_brightness
+from tests.fixtures.markdown import first_block
 from tests.fixtures.tiny_pipelines import TINY_VIDEO_SIZE
 
 PROMPT = "a red ball rolls left"
@@ -211,9 +212,7 @@ def test_wan_has_one_default_schedule_in_env_registry_and_sage_generate(tiny_wan
 
 
 def model_card_snippet() -> str:
-    card = (TOY_PRIOR_PATH / "README.md").read_text()
-    loading = card.split("## Loading", 1)[1]
-    return loading.split("```python\n", 1)[1].split("```", 1)[0]
+    return first_block(TOY_PRIOR_PATH / "README.md", "python", heading="Loading").code
 
 
 def test_toy_folder_is_not_a_diffusers_pipeline_and_its_card_says_how_to_load_it() -> None:

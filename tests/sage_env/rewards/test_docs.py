@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
+
+from tests.fixtures.markdown import first_block
 
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "rewards.md"
 
 
 def test_the_write_a_reward_example_runs(capsys) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
     namespace: dict = {}
-    exec(blocks[0], namespace)
+    exec(first_block(GUIDE, "python").code, namespace)
     output = namespace["output"]
     videos = torch.rand(2, 8, 3, 32, 32)
     assert set(output.components) == {"brightness", "steadiness"}

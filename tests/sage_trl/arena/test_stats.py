@@ -54,3 +54,24 @@ def test_the_compute_to_reach_a_score_interpolates_and_says_never() -> None:
     assert stats.reach_interval(flops, curves, 5.0) == (math.inf, math.inf, math.inf)
     point, low, high = stats.reach_interval(flops, np.array([[0.0, 1.0, 2.0], [0.0, 0.0, 0.0]]), 0.9)
     assert point == 18.0 and low == 9.0 and high == math.inf  # a resample of the flat seed alone never gets there
+
+
+def test_the_t_quantile_is_the_tables() -> None:
+    # Student's t, two-sided 95% (0.975) and 80% (0.9), from the printed tables, odd and even dof.
+    table = {(0.975, 1): 12.706, (0.975, 2): 4.303, (0.975, 7): 2.365, (0.975, 11): 2.201, (0.975, 30): 2.042,
+             (0.9, 1): 3.078, (0.9, 10): 1.372, (0.5, 4): 0.0}  # fmt: skip
+    for (probability, dof), value in table.items():
+        assert stats.t_quantile(probability, dof) == pytest.approx(value, abs=5e-4)
+    assert stats.t_quantile(0.975, 10_000) == pytest.approx(1.960, abs=5e-4)  # the normal's, in the limit
+    with pytest.raises(ValueError, match="whole dof >= 1"):
+        stats.t_quantile(0.975, 0)
+
+
+def test_the_paired_difference_is_the_mean_with_its_t_interval() -> None:
+    # Differences 1, 2, 3: mean 2, standard deviation 1, three seeds: 2 -+ t(0.975, 2) / sqrt(3).
+    mean, low, high = stats.paired_difference([1.0, 2.0, 3.0])
+    half_width = 4.302653 / math.sqrt(3)
+    assert (mean, low, high) == pytest.approx((2.0, 2.0 - half_width, 2.0 + half_width))
+    assert stats.paired_difference([0.5, 0.5]) == (0.5, 0.5, 0.5)  # no spread: no width
+    mean, low, high = stats.paired_difference([0.25])
+    assert mean == 0.25 and math.isnan(low) and math.isnan(high)  # one seed: no interval
