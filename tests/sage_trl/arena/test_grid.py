@@ -238,7 +238,8 @@ def test_the_baseline_may_be_a_variants_row(tmp_path: Path, capsys) -> None:
         folder = tmp_path / "arena" / cell.folder
         folder.mkdir(parents=True)
         score = 0.1 * cell.seed + (0.5 if cell.variant else 0.0)  # the variant's runs beat every baseline run
-        result = {"score": score, "gold": 0.0, "flops": {"train": 1.0, "total": 1.0}, "wall_seconds": 1.0,
+        result = {"cell": {"algorithm": cell.algorithm, "task": cell.task, "seed": cell.seed, "variant": cell.variant},
+                  "score": score, "gold": 0.0, "flops": {"train": 1.0, "total": 1.0}, "wall_seconds": 1.0,
                   "curve": [{"step": 0, "flops": 0.0, "score": 0.0, "gold": 0.0}], "flags": cell.flags(tuple(flags))}
         (folder / RESULT_FILE).write_text(json.dumps(result))
     assert arena_main([*options, "--baseline", "sage_grpo+flow", "--report_only"]) == 2
@@ -247,3 +248,6 @@ def test_the_baseline_may_be_a_variants_row(tmp_path: Path, capsys) -> None:
     report = (tmp_path / "arena" / "report.md").read_text()
     assert "P(better than sage_grpo+eta_0.55)" in report
     assert "| `sage_grpo` | 2 |" in report and "| 0.00 [0.00, 0.00] |" in report
+    # and by seed: 0.5 below the variant in both seeds
+    assert "By seed against `sage_grpo+eta_0.55`" in report
+    assert "| `sage_grpo` | 2 | -0.5000 [-0.5000, -0.5000] | 0 of 2 |" in report
