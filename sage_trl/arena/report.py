@@ -108,8 +108,8 @@ def _paired_table(by_label: dict[str, list[dict[str, Any]]], baseline: str) -> l
     base = {r["cell"]["seed"]: r for r in by_label[baseline]}
     rows = []
     for label, results in by_label.items():
-        shared = [(r, base[r["cell"]["seed"]]) for r in results if label != baseline and r["cell"]["seed"] in base]
-        if len(shared) < 2:
+        shared = [(r, base[r["cell"]["seed"]]) for r in results if r["cell"]["seed"] in base]
+        if label == baseline or len(shared) < 2:
             continue
         cells = [f"`{label}`", str(len(shared))]
         for key, digits in (("score", 4), ("gold", 5)):

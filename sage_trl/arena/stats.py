@@ -159,12 +159,12 @@ def t_quantile(probability: float, dof: int) -> float:
     whole number), by bisection of the closed-form distribution function: ``t_quantile(0.975, 11)`` is 2.201."""
     if not 0.5 <= probability < 1.0 or dof < 1 or int(dof) != dof:
         raise ValueError(f"t_quantile needs 0.5 <= probability < 1 and whole dof >= 1, got {probability}, {dof}.")
-    mass, low, high = 2.0 * probability - 1.0, 0.0, 1.0
-    while _t_central_mass(high, int(dof)) < mass:
+    dof, mass, low, high = int(dof), 2.0 * probability - 1.0, 0.0, 1.0
+    while _t_central_mass(high, dof) < mass:
         high *= 2.0
     for _ in range(100):  # the bracket halves each time: far below float precision at the end
         middle = 0.5 * (low + high)
-        low, high = (middle, high) if _t_central_mass(middle, int(dof)) < mass else (low, middle)
+        low, high = (middle, high) if _t_central_mass(middle, dof) < mass else (low, middle)
     return 0.5 * (low + high)
 
 
