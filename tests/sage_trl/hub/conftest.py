@@ -59,4 +59,3 @@ def no_real_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def hub() -> Iterator[FakeHub]:
     with FakeHub() as server:
         yield server
-

@@ -73,4 +73,3 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
 def copy_run(run_dir: Path, target: Path, skip: tuple[str, ...] = ()) -> Path:
     shutil.copytree(run_dir, target, ignore=shutil.ignore_patterns(*skip))
     return target
-

@@ -168,4 +168,3 @@ def test_the_template_ships_with_the_package() -> None:
     pyproject = (Path(__file__).parents[3] / "pyproject.toml").read_text()
     scripts = pyproject.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
     assert 'sage-push = "sage_trl.hub:push_main"' in scripts.splitlines()
-

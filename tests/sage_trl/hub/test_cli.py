@@ -60,4 +60,3 @@ def test_sage_train_push_to_hub_publishes_the_finished_run(tmp_path: Path, hub: 
     card = ModelCard(repo.files["README.md"].decode())
     assert card.data.license == "mit"
     assert json.loads(repo.files["sage_config.json"])["run"]["base_model"]["pipeline_class"] == "toy"
-

@@ -16,6 +16,16 @@ from tests.fixtures.hub_server import FakeHub
 from tests.sage_trl.hub.published_run import PROMPTS, WAN_ID, tiny_args
 
 
+def tiny_transformer_inputs() -> dict:
+    """Random inputs for one forward of the tiny Wan transformer (tests/fixtures/tiny_pipelines.py)."""
+    return {
+        "hidden_states": torch.randn(1, 4, 2, 2, 2),
+        "timestep": torch.tensor([700.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 32),
+        "return_dict": False,
+    }
+
+
 def test_uploaded_adapter_loads_into_a_tiny_wan_pipeline(
     tiny_wan_path: Path, tmp_path: Path, hub: FakeHub
 ) -> None:
@@ -41,12 +51,7 @@ def test_uploaded_adapter_loads_into_a_tiny_wan_pipeline(
     )
     assert 'pipe.load_lora_weights("tester/wan-lora")' in hub.files("tester/wan-lora")["README.md"].decode()
     pipe = WanPipeline.from_pretrained(tiny_wan_path)
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 2, 2),
-        "timestep": torch.tensor([700.0]),
-        "encoder_hidden_states": torch.randn(1, 6, 32),
-        "return_dict": False,
-    }
+    inputs = tiny_transformer_inputs()
     with torch.no_grad():
         base = pipe.transformer(**inputs)[0]
         pipe.load_lora_weights(str(hub.download("tester/wan-lora", tmp_path / "download")))
@@ -85,12 +90,7 @@ def test_both_wan22_experts_adapters_are_pushed_and_load_with_diffusers(
     pipe = WanPipeline.from_pretrained(tiny_wan22_path)  # loaded as the card says
     pipe.load_lora_weights(download)
     pipe.load_lora_weights(download, weight_name=layout.EXPERT_2_LORA_WEIGHT_NAME, load_into_transformer_2=True)
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 2, 2),
-        "timestep": torch.tensor([700.0]),
-        "encoder_hidden_states": torch.randn(1, 6, 32),
-        "return_dict": False,
-    }
+    inputs = tiny_transformer_inputs()
     base = WanBackbone(WanPipeline.from_pretrained(tiny_wan22_path)).pipeline
     with torch.no_grad():
         for name in ("transformer", "transformer_2"):
@@ -98,4 +98,3 @@ def test_both_wan22_experts_adapters_are_pushed_and_load_with_diffusers(
             trained_output = trainer.backbone.transformer.expert(name)(**inputs)[0]
             torch.testing.assert_close(loaded, trained_output)
             assert not torch.allclose(getattr(base, name)(**inputs)[0], trained_output, atol=1e-6), name
-

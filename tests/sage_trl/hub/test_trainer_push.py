@@ -97,4 +97,3 @@ def test_push_checkpoint_skips_end_strategy_and_survives_failures(
     assert "Intermediate push" in caplog.text and "offline" in caplog.text
     with pytest.raises(HubPushError, match="offline"):
         push_checkpoint(checkpoint, REPO, strategy="every_save", raise_on_error=True, **options)
-

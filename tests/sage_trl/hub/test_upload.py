@@ -193,4 +193,3 @@ def test_a_symlinked_file_pushes_nothing_from_outside_the_run(
     assert "tester/linked" not in hub.repos
     dry = tmp_path / "dry"
     assert not dry.exists() or all(b"SECRET" not in p.read_bytes() for p in dry.rglob("*") if p.is_file())
-
