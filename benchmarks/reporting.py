@@ -52,6 +52,7 @@ SECTION_ORDER: tuple[str, ...] = (
     "off_manifold_drift",
     "toy_algorithms",
     "toy_alarms",
+    "arena_alarms",
     "sde_step_overhead",
     "example_configs",
 )

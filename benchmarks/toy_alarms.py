@@ -184,13 +184,15 @@ def _default_section(seeds: Sequence[int], runs: Path) -> str:
             f"{change['total']:+.4f}", f"{change['vq']:+.4f} / {change['mq']:+.4f}", f"{change['world_distance']:+.4f}",
             f"{firing_threshold(records, 'component_divergence'):.4f}",
             f"{firing_threshold(records, 'held_out_divergence'):.4f}",
+            f"{firing_threshold(records, 'held_out_decline'):.4f}",
             f"{max(r.get('diagnostics/on_policy_ratio_deviation', 0.0) for r in training):.2g}",
             f"{max(r.get('frac_groups_without_signal', 0.0) for r in training):.2f}",
         ])  # fmt: skip
     header = ["seed", "alarms", "held-out change of the total", "of vq / mq",
               "of the distance to the world's videos (gold; + is worse)",
               "closest component divergence (fires above the threshold)",
-              "closest held-out divergence (fires above the threshold)", "largest on-policy ratio deviation",
+              "closest held-out divergence (fires above the threshold)",
+              "closest held-out decline (fires above the threshold)", "largest on-policy ratio deviation",
               "largest fraction of groups without signal"]  # fmt: skip
     reading = (
         f"An alarm fired in {alarmed} of {len(seeds)} default runs; {worse} of the {len(seeds)} ended farther from the "

@@ -51,6 +51,9 @@ def test_the_firing_threshold_of_the_held_out_divergence_is_its_fall() -> None:
         if step % 5 == 0:
             records.append({"step": step, "eval_reward/total": 1.0 - 0.02 * step})  # -0.3 over every window
     assert toy_alarms.firing_threshold(records, "held_out_divergence") == pytest.approx(0.3)
+    assert toy_alarms.firing_threshold(records, "held_out_decline") == 0.0  # the rollouts rose: not a decline
+    falling_rollouts = [{**r, "reward/total": 2.0 - r["reward/total"]} if "reward/total" in r else r for r in records]
+    assert toy_alarms.firing_threshold(falling_rollouts, "held_out_decline") == pytest.approx(0.3)
 
 
 @pytest.mark.slow

@@ -1,12 +1,14 @@
 """The alarms (`sage_trl.alarms`): each fires for its cause and stays quiet without it, on logged records and
 through `SageGRPOTrainer` (dropout left on, a bf16 rollout with an fp32 training forward, a reward that rewards one
-component only, held-out videos getting worse while the rollouts improve, groups of identical rewards), and
-``stop_on_alarm`` ends a run as not finished."""
+component only, held-out videos getting worse while the rollouts improve, and with them, groups of identical
+rewards), and ``stop_on_alarm`` ends a run as not finished."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,7 +49,8 @@ def test_proxy_gold_divergence_fires_when_the_gold_falls_while_the_proxy_rises()
     rising_gold = [{**r, "eval_eval_reward/total": r["eval_reward/total"]} for r in records]
     assert replay(rising_gold) == []
     falling_both = [{**r, "eval_reward/total": 2 - r["eval_reward/total"]} for r in records]
-    assert replay(falling_both) == []  # the proxy fell too: a worse model, not a hacked reward
+    # The proxy fell too: a worse model (`held_out_decline`), not a hacked reward.
+    assert names(replay(falling_both)) == ["held_out_decline"]
 
 
 def evaluations(**series: list[float]) -> list[dict]:
@@ -86,11 +89,31 @@ def test_held_out_divergence_fires_when_the_held_out_reward_falls_while_the_roll
     assert names(alarms) == ["held_out_divergence"] and alarms[0].step == 25
     assert "held-out videos' reward fell (1.6 -> 1.45)" in alarms[0].message
     assert "mean 1.511 before step 10, 1.536 since" in alarms[0].message and "eval_samples/" in alarms[0].advice
-    assert replay(logged_run(rising[::-1], falling)) == []  # the rollouts fell too: not learning, no divergence
+    # The rollouts fell too: no divergence, a policy getting worse (the next alarm).
+    assert names(replay(logged_run(rising[::-1], falling))) == ["held_out_decline"]
     assert replay(logged_run(rising, falling[::-1])) == []  # the held-out reward rose
     slight = [1.6, 1.6, 1.6, 1.59, 1.585, 1.58]  # -1.25%: within the default toy run's wander
     assert replay(logged_run(rising, slight)) == []
-    assert replay([r for r in logged_run(rising, falling) if "eval_reward/total" in r]) == []  # no rollouts logged
+
+
+def test_held_out_decline_fires_when_the_held_out_reward_falls_and_the_rollouts_do_not_rise() -> None:
+    """The temporal task's cps run of seed 8 (docs/runs.md): the held-out reward fell and the rollouts' fell too."""
+    falling_rollouts = [1.8 - 0.004 * step for step in range(1, 26)]
+    falling = [1.74, 1.77, 1.73, 1.66, 1.63, 1.65]  # that run's held-out totals at steps 0 to 25, rounded
+    alarms = replay(logged_run(falling_rollouts, falling))
+    # Met at 15 (1.74 -> 1.66 from step 0, no rollouts before to compare) and at 20 (1.77 -> 1.63): fires at 20.
+    assert names(alarms) == ["held_out_decline"] and alarms[0].step == 20
+    assert "reward fell (1.77 -> 1.63) and the training rollouts' reward did not rise" in alarms[0].message
+    assert "mean 1.788 before step 5, 1.748 since" in alarms[0].message and "getting worse" in alarms[0].advice
+    flat_rollouts = [1.8] * 25  # not rising is enough: the held-out videos still got worse
+    assert names(replay(logged_run(flat_rollouts, falling))) == ["held_out_decline"]
+    slight = [1.74, 1.745, 1.74, 1.73, 1.72, 1.725]  # -1.4% at most: within the arena's healthy runs' wander
+    assert replay(logged_run(falling_rollouts, slight)) == []
+    once = [1.74, 1.77, 1.73, 1.70, 1.75, 1.76]  # met at 15 (1.74 -> 1.70) only: one noisy evaluation
+    assert replay(logged_run(falling_rollouts, once)) == []
+    held_out_only = [r for r in logged_run(falling_rollouts, falling) if "eval_reward/total" in r]
+    no_rollouts = replay(held_out_only)
+    assert names(no_rollouts) == ["held_out_decline"] and "no logged training step before it" in no_rollouts[0].message
 
 
 def test_groups_without_signal_and_kl_spikes() -> None:
@@ -108,8 +131,8 @@ def test_each_alarm_fires_once_and_only_where_its_metrics_are_logged() -> None:
     # A likelihood-free algorithm logs no ratio and no KL: those alarms never apply.
     assert replay(steps(**{"policy_loss": [0.1] * 30})) == []
     assert set(ALARM_RULES) == {
-        "proxy_gold_divergence", "component_divergence", "held_out_divergence", "off_policy_ratio",
-        "groups_without_signal", "kl_spike",
+        "proxy_gold_divergence", "component_divergence", "held_out_divergence", "held_out_decline",
+        "off_policy_ratio", "groups_without_signal", "kl_spike",
     }  # fmt: skip
 
 
@@ -196,6 +219,25 @@ def test_held_out_videos_getting_worse_while_rollouts_improve_set_off_the_held_o
     assert names(parting.alarms) == ["held_out_divergence"]
     assert "held-out videos' reward fell" in parting.alarms[0].message
     assert train(tmp_path / "together", mean_brightness, **held_out).alarms == []
+
+
+def darker_with_each_call() -> Callable[..., torch.Tensor]:
+    """Stands in for a policy getting worse: each call's reward is the videos' brightness less 0.05 per earlier
+    call, so the rollouts' reward and the held-out videos' fall together whatever the policy learns."""
+    calls = itertools.count()
+
+    def darker(videos: torch.Tensor, prompts: list[str], **kwargs) -> torch.Tensor:
+        return videos.mean(dim=(1, 2, 3, 4)) - 0.05 * next(calls)
+
+    return darker
+
+
+def test_held_out_videos_and_rollouts_getting_worse_together_set_off_the_decline_alarm(tmp_path: Path) -> None:
+    held_out = {"eval_dataset": PROMPTS[:2], "eval_strategy": "steps", "eval_steps": 2, "max_steps": 12}
+    trainer = train(tmp_path, darker_with_each_call(), **held_out)
+    assert names(trainer.alarms) == ["held_out_decline"]
+    assert "the training rollouts' reward did not rise" in trainer.alarms[0].message
+    assert names(read_alarms(Path(trainer.args.output_dir) / layout.ALARMS_FILE)) == ["held_out_decline"]
 
 
 def test_groups_of_identical_rewards_set_off_their_alarm_and_stop_on_alarm_ends_the_run(tmp_path: Path) -> None:
