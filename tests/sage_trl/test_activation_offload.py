@@ -19,7 +19,7 @@ from sage_trl.activation_offload import host_copies_marked, offloaded_checkpoint
 from sage_trl.preflight import resolve_model_configs
 from sage_trl.preflight.measure import measure_training_step
 from sage_trl.preflight.runner import trace_plan
-from tests.sage_trl.test_preflight import TOLERANCE, tiny_config, tiny_lora
+from tests.sage_trl.preflight.tiny_plans import TOLERANCE, tiny_config, tiny_lora
 
 
 class Block(torch.nn.Module):
