@@ -13,7 +13,6 @@ read.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from sage_trl.arena.cell import RUN_FOLDER, read_result
 from sage_trl.arena.cli import GRID_FILE
 from sage_trl.arena.grid import ArenaGrid
 from sage_trl.evaluation import is_evaluation_record
+from sage_trl.run_folder import RunFolder
 from sage_trl.run_folder.layout import METRICS_FILE
 
 __all__ = ["HELD_OUT_RULES", "arena_runs", "report"]
@@ -35,25 +35,27 @@ HELD_OUT_RULES = ("held_out_divergence", "held_out_decline")
 
 def arena_runs(folders: Sequence[Path]) -> tuple[list[dict[str, Any]], int]:
     """Every finished cell's run in ``folders`` (task, row, seed, records, the cell's result), each once, and how
-    many copies of a run already read were skipped."""
+    many further copies of runs already read were skipped. A row is its label plus the flags every cell of its
+    arena added (``sage-arena ... -- FLAGS``), so that rows run with other flags stay apart."""
     runs, seen, copies = [], set(), 0
     for folder in folders:
         grid_path = folder / GRID_FILE
         if not grid_path.is_file():
             raise ValueError(f"{folder} holds no {GRID_FILE}: pass sage-arena output folders.")
-        for cell in ArenaGrid.from_json(grid_path.read_text()).cells():
+        grid = ArenaGrid.from_json(grid_path.read_text())
+        for cell in grid.cells():
+            run_dir = folder / cell.folder / RUN_FOLDER
             result = read_result(folder / cell.folder)
-            metrics = folder / cell.folder / RUN_FOLDER / METRICS_FILE
-            if result is None or not metrics.is_file():
+            if result is None or not (run_dir / METRICS_FILE).is_file():
                 continue  # not finished
-            text = metrics.read_bytes()
-            digest = hashlib.sha256(text).hexdigest()
+            digest = hashlib.sha256((run_dir / METRICS_FILE).read_bytes()).hexdigest()
             if digest in seen:
                 copies += 1
                 continue
             seen.add(digest)
-            records = [json.loads(line) for line in text.decode().splitlines() if line.strip()]
-            runs.append({"task": cell.task, "row": cell.label, "seed": cell.seed, "records": records, "result": result})
+            row = " ".join([cell.label, *grid.flags])
+            records = RunFolder(run_dir).read_metrics()
+            runs.append({"task": cell.task, "row": row, "seed": cell.seed, "records": records, "result": result})
     return runs, copies
 
 
@@ -93,7 +95,7 @@ def _fired_table(runs: list[dict[str, Any]]) -> str:
             rows.append([
                 run["task"], run["row"], run["seed"], f"`{alarm.name}` at step {alarm.step}",
                 f"{start:.4f}, {lowest:.4f}, {end:.4f}", f"{run['result']['score']:+.4f}",
-                f"{run['result']['gold']:+.5f}", f"{after.get('object_area_ratio', float('nan')):.2f}",
+                f"{run['result']['gold']:+.5f}", _area(after),
             ])  # fmt: skip
     header = ["task", "row", "seed", "alarm", "held-out training reward: start, lowest, end",
               "the arena's score at the end (change)", "gold at the end (+ is nearer the world's videos)",
@@ -101,25 +103,40 @@ def _fired_table(runs: list[dict[str, Any]]) -> str:
     return reporting.markdown_table(header, rows) if rows else "No held-out rule fired on any run."
 
 
+def _area(after: dict[str, Any]) -> str:
+    """The objects' area over the world's after training, "-" where the task's world does not measure it."""
+    area = after.get("object_area_ratio")
+    return f"{area:.2f}" if isinstance(area, (int, float)) else "-"
+
+
+def _reading(runs: list[dict[str, Any]]) -> str:
+    """How often each held-out rule fired, and the closest any other run came to it."""
+    sentences = []
+    for name in HELD_OUT_RULES:
+        quiet = [run["closest"][name] for run in runs if not any(a.name == name for a in run["alarms"])]
+        others = f"the largest closest value among the others is {max(quiet):.4f}" if quiet else "no run stayed quiet"
+        sentences.append(f"`{name}` fired in {len(runs) - len(quiet)} of {len(runs)} runs; {others}.")
+    return " ".join(sentences)
+
+
 def report(folders: Sequence[Path]) -> str:
     """The markdown of the alarms replayed over the finished runs of ``folders``."""
     runs, copies = arena_runs(folders)
     if not runs:
-        raise ValueError(f"No finished arena cell in {', '.join(map(str, folders))}.")
+        raise ValueError(
+            f"No finished arena cell in {', '.join(map(str, folders))}: run sage-arena there first, or pass folders "
+            "whose cells finished."
+        )
     runs = [_read_run(run) for run in runs]
     names = ", ".join(f"`{folder.name}`" for folder in folders)
     method = (
-        f"{len(runs)} finished runs of the arena folders {names} ({copies} copies of a run in two folders counted "
-        "once), each `metrics.jsonl` replayed with the library's rules and thresholds. A closest value is the "
-        "largest threshold at which the rule fires on the run (0: it fires at none)."
+        f"{len(runs)} finished runs of the arena folders {names} ({copies} further byte-identical copies of these "
+        "runs, cells merged from one folder into another, skipped), each `metrics.jsonl` replayed with the library's "
+        "rules and thresholds. A closest value is the largest threshold at which the rule fires on the run (0: it "
+        "fires at none)."
     )
-    fired = {name: sum(any(a.name == name for a in run["alarms"]) for run in runs) for name in HELD_OUT_RULES}
-    reading = " ".join(
-        f"`{name}` fired in {count} of {len(runs)} runs; among the others the largest closest value is "
-        f"{max((run['closest'][name] for run in runs if not any(a.name == name for a in run['alarms'])), default=0.0):.4f}."
-        for name, count in fired.items()
-    )
-    return "\n\n".join([method, _rows_table(runs), "The runs a held-out rule fired on:", _fired_table(runs), reading])
+    tables = [_rows_table(runs), "The runs a held-out rule fired on:", _fired_table(runs)]
+    return "\n\n".join([method, *tables, _reading(runs)])
 
 
 def main(argv: Sequence[str] | None = None) -> None:

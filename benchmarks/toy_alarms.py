@@ -115,6 +115,8 @@ def firing_threshold(records: list[dict[str, Any]], name: str) -> float:
     if not fires(low):
         return 0.0
     while fires(high):
+        if high > 2**20:
+            return math.inf  # fires at any threshold: a rule that reads a non-number as a change
         high *= 2
     for _ in range(40):
         middle = (low + high) / 2

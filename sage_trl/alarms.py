@@ -128,39 +128,51 @@ def _proxy_gold(rule: AlarmRule, evaluations: list[Record]) -> tuple[str, str] |
 
 @dataclass(frozen=True)
 class _HeldOutFall:
-    """The held-out videos' training reward falling over an alarm's window, and the training rollouts around it."""
+    """The held-out videos' training reward falling over an alarm's window, and the training rollouts' mean reward
+    (``reward/total``) over the steps up to the window's first evaluation and over those since (None where no finite
+    one was logged)."""
 
-    fall: str  # "over the last N evaluations the held-out videos' reward fell (a -> b)"
+    fall_text: str  # "over the last N evaluations the held-out videos' reward fell (a -> b)"
     first_step: int  # the step of the window's first evaluation
-    mean_before: float | None  # the rollouts' mean reward up to first_step (None: no step logged)
-    mean_since: float | None  # and after it, up to the window's last evaluation
+    mean_before: float | None
+    mean_since: float | None
+
+    def rollouts_compared(self) -> bool:
+        return self.mean_before is not None and self.mean_since is not None
 
     def rollouts_rose(self) -> bool:
-        return self.mean_before is not None and self.mean_since is not None and self.mean_since > self.mean_before
+        if self.mean_before is None or self.mean_since is None:
+            return False
+        return self.mean_since > self.mean_before
 
-    def rollouts(self) -> str:
+    def rollout_means_text(self) -> str:
         return f"(mean {self.mean_before:.4g} before step {self.first_step}, {self.mean_since:.4g} since)"
 
 
-def _held_out_fall(rule: AlarmRule, history: list[Record]) -> _HeldOutFall | None:
-    """Where the held-out videos' training reward (``eval_reward/total``) fell by more than ``threshold``
-    (relative, as in `relative_changes`) over the last ``window`` evaluations, with the training rollouts' mean
-    reward (``reward/total``) over the steps up to the window's first evaluation and over those since."""
-    evaluations = [record for record in history if is_evaluation_record(record)]
+def _held_out_fell(rule: AlarmRule, evaluations: list[Record]) -> bool:
+    """Whether the held-out videos' training reward (``eval_reward/total``) fell by more than ``threshold``
+    (relative, as in `relative_changes`) over the ``window`` evaluations ending at the last one; a NaN is no fall."""
     if len(evaluations) <= rule.window:
-        return None
+        return False
     change = relative_changes(evaluations, rule.window, HELD_OUT_TOTAL).get(HELD_OUT_TOTAL)
-    if change is None or change >= -rule.threshold:
+    return change is not None and change < -rule.threshold
+
+
+def _held_out_fall(rule: AlarmRule, history: list[Record]) -> _HeldOutFall | None:
+    """The fall of the held-out videos' training reward over the last ``window`` evaluations (`_held_out_fell`),
+    with the training rollouts around it; None where it did not fall."""
+    evaluations = [record for record in history if is_evaluation_record(record)]
+    if not _held_out_fell(rule, evaluations):
         return None
     first, last = evaluations[-rule.window - 1], evaluations[-1]
     rewards = [(record["step"], record["reward/total"]) for record in history if _is_training_step(record)]
     before = _finite(reward for step, reward in rewards if step <= first["step"])
     since = _finite(reward for step, reward in rewards if first["step"] < step <= last["step"])
-    fall = (
+    fall_text = (
         f"over the last {rule.window} evaluations the held-out videos' reward fell ({first[HELD_OUT_TOTAL]:.4g} -> "
         f"{last[HELD_OUT_TOTAL]:.4g})"
     )
-    return _HeldOutFall(fall, first["step"], fmean(before) if before else None, fmean(since) if since else None)
+    return _HeldOutFall(fall_text, first["step"], fmean(before) if before else None, fmean(since) if since else None)
 
 
 def _held_out_divergence(rule: AlarmRule, history: list[Record]) -> tuple[str, str] | None:
@@ -169,7 +181,7 @@ def _held_out_divergence(rule: AlarmRule, history: list[Record]) -> tuple[str, s
     found = _held_out_fall(rule, history)
     if found is None or not found.rollouts_rose():
         return None
-    message = f"{found.fall} while the training rollouts' reward rose {found.rollouts()}."
+    message = f"{found.fall_text} while the training rollouts' reward rose {found.rollout_means_text()}."
     advice = (
         "The policy raises the reward of its own rollouts and lowers it where it is sampled for use: the "
         "stochastic rollouts have parted from the deterministic sampling (few inference steps or a large eta put "
@@ -181,19 +193,18 @@ def _held_out_divergence(rule: AlarmRule, history: list[Record]) -> tuple[str, s
 
 
 def _held_out_decline(rule: AlarmRule, history: list[Record]) -> tuple[str, str] | None:
-    """The held-out videos' training reward fell (`_held_out_fall`) and the training rollouts' reward was not seen
-    rising (no higher on average since the window's first evaluation than before it, or no step logged before
-    it): the policy getting worse, the fall `_held_out_divergence` leaves out."""
+    """The held-out videos' training reward fell (`_held_out_fell`) at the last evaluation and at the one before,
+    whatever the rollouts did then, and at the last the training rollouts' reward, compared as in
+    `_held_out_divergence`, did not rise: the policy getting worse, the fall that rule leaves out. The rule counts
+    its two evaluations in a row itself, so that a fall whose rollouts' comparison flips from one evaluation to the
+    next is caught by one of the two rules."""
     found = _held_out_fall(rule, history)
-    if found is None or found.rollouts_rose():
+    if found is None or not found.rollouts_compared() or found.rollouts_rose():
         return None
-    if found.mean_before is None or found.mean_since is None:
-        message = (
-            f"{found.fall}; the window starts at step {found.first_step}, with no logged training step before it to "
-            "tell whether the rollouts' reward rose."
-        )
-    else:
-        message = f"{found.fall} and the training rollouts' reward did not rise {found.rollouts()}."
+    evaluations = [record for record in history if is_evaluation_record(record)]
+    if not _held_out_fell(rule, evaluations[:-1]):
+        return None
+    message = f"{found.fall_text} and the training rollouts' reward did not rise {found.rollout_means_text()}."
     advice = (
         "The policy is getting worse, not gaming the reward: its updates break what it draws (too large a step, or "
         "too much exploration noise: a large eta, or an SDE with more noise at the same eta). Look at "
@@ -205,13 +216,16 @@ def _held_out_decline(rule: AlarmRule, history: list[Record]) -> tuple[str, str]
 
 def relative_changes(evaluations: list[Record], window: int, prefix: str) -> dict[str, float]:
     """Each ``prefix`` metric's change over the last ``window`` evaluations, over its first value's magnitude (at
-    least 1, so that small scores compare in absolute terms)."""
+    least 1, so that small scores compare in absolute terms); a change that is not a finite number (a NaN score) is
+    left out, so it never reads as a rise or a fall."""
     first, last = evaluations[-window - 1], evaluations[-1]
     changes = {}
     for key, value in last.items():
-        if key.startswith(prefix) and isinstance(first.get(key), (int, float)) and math.isfinite(value):
+        if key.startswith(prefix) and isinstance(first.get(key), (int, float)) and isinstance(value, (int, float)):
             scale = max(abs(evaluations[0].get(key, first[key])), 1.0)
-            changes[key] = (value - first[key]) / scale
+            change = (value - first[key]) / scale
+            if math.isfinite(change):
+                changes[key] = change
     return changes
 
 
@@ -305,10 +319,9 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
             reads=_is_training_step,
         ),
         # 0.02, as held_out_divergence: over the arena's 172 finished runs it fired only on the one that broke
-        # (the temporal task's cps run of seed 8: 0.051); the next came to 0.012 (docs/runs.md)
-        AlarmRule(
-            "held_out_decline", 0.02, 3, _held_out_decline, is_evaluation_record, patience=2, reads=_is_training_step
-        ),
+        # (the temporal task's cps run of seed 8: 0.051); the next came to 0.012 (docs/runs.md). Patience 1: the
+        # rule itself asks for the fall at 2 evaluations in a row, the rollouts' comparison at the last only.
+        AlarmRule("held_out_decline", 0.02, 3, _held_out_decline, is_evaluation_record, reads=_is_training_step),
         AlarmRule("off_policy_ratio", 1e-4, 2, _off_policy_ratio, _is_training_step, explain=explain_off_policy),
         AlarmRule("groups_without_signal", 0.5, 5, _groups_without_signal, _is_training_step),
         AlarmRule("kl_spike", 20.0, 10, _kl_spike, _is_training_step),

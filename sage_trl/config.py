@@ -254,9 +254,10 @@ class SageGRPOFields(GRPOConfig):
     stop_on_alarm: bool = hyperparameter(
         False,
         "Stop training when an alarm fires (the rules of sage_trl.alarms, listed in docs/runs.md, 'Alarms': reward "
-        "hacking, held-out videos getting worse, the importance ratio off 1, groups without signal, a KL spike): "
-        "the model is saved and training_complete.json says stopped_on_alarm, so the run resumes from its last "
-        "checkpoint. Without it alarms warn and are recorded (alarms.jsonl, summary.md, the model card). Not in the paper.",
+        "hacking, a reward component rising alone, held-out videos getting worse, the importance ratio off 1, groups "
+        "without signal, a KL spike): the model is saved and training_complete.json says stopped_on_alarm, so the "
+        "run resumes from its last checkpoint. Without it alarms warn and are recorded (alarms.jsonl, summary.md, "
+        "the model card). Not in the paper.",
         Flag(),
     )
     # -- run folder and Hub ---------------------------------------------------------------------------------

@@ -16,23 +16,20 @@ from sage_trl.arena.cli import GRID_FILE
 from sage_trl.arena.grid import ArenaGrid, Cell
 from sage_trl.run_folder.layout import METRICS_FILE
 from tests.benchmarks.markdown_sections import quick_arguments, section_of
-from tests.sage_trl.test_alarms import logged_run
+from tests.sage_trl.logged_runs import CPS_SEED_8_HELD_OUT, FALLING_ROLLOUTS, logged_run
 
-FALLING_ROLLOUTS = [1.8 - 0.004 * step for step in range(1, 26)]
-DECLINING = [1.74, 1.77, 1.73, 1.66, 1.63, 1.65]
-"""The held-out totals of a run getting worse (the temporal task's cps run of seed 8, rounded): it fires
-``held_out_decline`` at step 20."""
 HEALTHY = [1.74, 1.75, 1.77, 1.78, 1.80, 1.82]
 
 
-def write_cell(folder: Path, seed: int, held_out: list[float]) -> None:
-    """A finished cell of sage_grpo on the temporal task: its run's metrics and its result."""
+def write_cell(folder: Path, seed: int, held_out: list[float], finished: bool = True) -> None:
+    """A cell of sage_grpo on the temporal task: its run's metrics and, once ``finished``, its result."""
     cell_dir = folder / Cell("sage_grpo", "temporal", seed).folder
     (cell_dir / RUN_FOLDER).mkdir(parents=True)
     records = logged_run(FALLING_ROLLOUTS, held_out)
     (cell_dir / RUN_FOLDER / METRICS_FILE).write_text("".join(json.dumps(record) + "\n" for record in records))
     result = {"score": held_out[-1] - held_out[0], "gold": 0.001, "after": {"object_area_ratio": 0.75}}
-    (cell_dir / RESULT_FILE).write_text(json.dumps(result))
+    if finished:
+        (cell_dir / RESULT_FILE).write_text(json.dumps(result))
 
 
 def arena_folder(path: Path, seeds: list[int]) -> Path:
@@ -43,21 +40,35 @@ def arena_folder(path: Path, seeds: list[int]) -> Path:
 
 def test_the_alarms_are_replayed_over_finished_cells_and_a_copied_cell_counts_once(tmp_path: Path) -> None:
     first = arena_folder(tmp_path / "first", [0, 1, 2])
-    write_cell(first, 0, DECLINING)
-    write_cell(first, 1, HEALTHY)  # seed 2 unfinished: no result, not read
+    write_cell(first, 0, CPS_SEED_8_HELD_OUT)
+    write_cell(first, 1, HEALTHY)
+    write_cell(first, 2, CPS_SEED_8_HELD_OUT, finished=False)  # killed before its result: not read
     merged = arena_folder(tmp_path / "merged", [0, 1])
     shutil.copytree(first / "cells", merged / "cells")  # what sage-arena --merge does
     section = arena_alarms.report([first, merged])
-    assert section.startswith("2 finished runs of the arena folders `first`, `merged` (2 copies of a run")
-    assert "| temporal | sage_grpo | 2 | `held_out_decline` 1 | 0.0000 |" in section
+    assert section.startswith("2 finished runs of the arena folders `first`, `merged` (2 further byte-identical")
+    row = next(line for line in section.splitlines() if line.startswith("| temporal | sage_grpo | 2 |"))
+    decline_closest = float(row.rstrip(" |").rsplit("|", 1)[1])
+    assert "| `held_out_decline` 1 | 0.0000 |" in row and decline_closest > 0.02  # fires above the threshold
     assert "| temporal | sage_grpo | 0 | `held_out_decline` at step 20 | 1.7400, 1.6300, 1.6500 | -0.0900 |" in section
-    assert "`held_out_decline` fired in 1 of 2 runs; among the others the largest closest value is 0.0000." in section
+    assert "`held_out_decline` fired in 1 of 2 runs; the largest closest value among the others is 0.0000." in section
+
+
+def test_rows_run_with_other_flags_stay_apart(tmp_path: Path) -> None:
+    plain, longer = arena_folder(tmp_path / "plain", [0]), tmp_path / "longer"
+    longer.mkdir()
+    (longer / GRID_FILE).write_text(ArenaGrid(["sage_grpo"], ["temporal"], [1], flags=["--max_steps", "25"]).to_json())
+    write_cell(plain, 0, HEALTHY)
+    write_cell(longer, 1, CPS_SEED_8_HELD_OUT)
+    section = arena_alarms.report([plain, longer])
+    assert "| temporal | sage_grpo | 1 | none |" in section
+    assert "| temporal | sage_grpo --max_steps 25 | 1 | `held_out_decline` 1 |" in section
 
 
 def test_a_folder_that_is_not_an_arena_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"holds no arena\.json: pass sage-arena output folders"):
         arena_alarms.report([tmp_path])
-    with pytest.raises(ValueError, match="No finished arena cell"):
+    with pytest.raises(ValueError, match=r"No finished arena cell .*: run sage-arena there first"):
         arena_alarms.report([arena_folder(tmp_path / "empty", [0])])
 
 

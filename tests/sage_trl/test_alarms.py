@@ -21,6 +21,7 @@ from sage_trl.hub.card import render_model_card
 from sage_trl.report import run_report
 from sage_trl.run_folder import layout, plan_start, read_run
 from tests.doubles import LinearBackbone, mean_brightness
+from tests.sage_trl.logged_runs import CPS_SEED_8_HELD_OUT, FALLING_ROLLOUTS, logged_run
 from tests.sage_trl.tiny_trainer import PROMPTS, Interrupt, lora, make_args
 
 # -- the rules on records ------------------------------------------------------------------------------------------
@@ -49,8 +50,7 @@ def test_proxy_gold_divergence_fires_when_the_gold_falls_while_the_proxy_rises()
     rising_gold = [{**r, "eval_eval_reward/total": r["eval_reward/total"]} for r in records]
     assert replay(rising_gold) == []
     falling_both = [{**r, "eval_reward/total": 2 - r["eval_reward/total"]} for r in records]
-    # The proxy fell too: a worse model (`held_out_decline`), not a hacked reward.
-    assert names(replay(falling_both)) == ["held_out_decline"]
+    assert replay(falling_both) == []  # the proxy fell too: a worse model, not a hacked reward
 
 
 def evaluations(**series: list[float]) -> list[dict]:
@@ -67,17 +67,6 @@ def test_component_divergence_needs_a_clear_rise_and_a_clear_fall() -> None:
     slight = [0.99, 0.99, 0.988, 0.986, 0.985]  # the default toy run's ta: -0.005 is no divergence
     assert replay(evaluations(**{"eval_reward/vq": rise, "eval_reward/ta": slight})) == []
     assert replay(evaluations(**{"eval_reward/vq": rise, "eval_reward/ta": rise})) == []
-
-
-def logged_run(rollout_reward: list[float], held_out: list[float], every: int = 5) -> list[dict]:
-    """A run's records in the order it logs them: a training record per step (``reward/total``) and, every
-    ``every`` steps from step 0, an evaluation after the step's record."""
-    records = [{"step": 0, "eval_reward/total": held_out[0]}]
-    for step, reward in enumerate(rollout_reward, start=1):
-        records.append({"step": step, "reward/total": reward})
-        if step % every == 0:
-            records.append({"step": step, "eval_reward/total": held_out[step // every]})
-    return records
 
 
 def test_held_out_divergence_fires_when_the_held_out_reward_falls_while_the_rollouts_rise() -> None:
@@ -98,22 +87,38 @@ def test_held_out_divergence_fires_when_the_held_out_reward_falls_while_the_roll
 
 def test_held_out_decline_fires_when_the_held_out_reward_falls_and_the_rollouts_do_not_rise() -> None:
     """The temporal task's cps run of seed 8 (docs/runs.md): the held-out reward fell and the rollouts' fell too."""
-    falling_rollouts = [1.8 - 0.004 * step for step in range(1, 26)]
-    falling = [1.74, 1.77, 1.73, 1.66, 1.63, 1.65]  # that run's held-out totals at steps 0 to 25, rounded
-    alarms = replay(logged_run(falling_rollouts, falling))
-    # Met at 15 (1.74 -> 1.66 from step 0, no rollouts before to compare) and at 20 (1.77 -> 1.63): fires at 20.
+    alarms = replay(logged_run(FALLING_ROLLOUTS, CPS_SEED_8_HELD_OUT))
+    # The fall met at 15 (1.74 -> 1.66, from step 0: no rollouts before to compare) and at 20 (1.77 -> 1.63), where
+    # the rollouts did not rise: fires at 20.
     assert names(alarms) == ["held_out_decline"] and alarms[0].step == 20
     assert "reward fell (1.77 -> 1.63) and the training rollouts' reward did not rise" in alarms[0].message
     assert "mean 1.788 before step 5, 1.748 since" in alarms[0].message and "getting worse" in alarms[0].advice
     flat_rollouts = [1.8] * 25  # not rising is enough: the held-out videos still got worse
-    assert names(replay(logged_run(flat_rollouts, falling))) == ["held_out_decline"]
+    assert names(replay(logged_run(flat_rollouts, CPS_SEED_8_HELD_OUT))) == ["held_out_decline"]
     slight = [1.74, 1.745, 1.74, 1.73, 1.72, 1.725]  # -1.4% at most: within the arena's healthy runs' wander
-    assert replay(logged_run(falling_rollouts, slight)) == []
-    once = [1.74, 1.77, 1.73, 1.70, 1.75, 1.76]  # met at 15 (1.74 -> 1.70) only: one noisy evaluation
-    assert replay(logged_run(falling_rollouts, once)) == []
-    held_out_only = [r for r in logged_run(falling_rollouts, falling) if "eval_reward/total" in r]
-    no_rollouts = replay(held_out_only)
-    assert names(no_rollouts) == ["held_out_decline"] and "no logged training step before it" in no_rollouts[0].message
+    assert replay(logged_run(FALLING_ROLLOUTS, slight)) == []
+    once = [1.74, 1.77, 1.73, 1.70, 1.75, 1.76]  # fell at 15 (1.74 -> 1.70) only: one noisy evaluation
+    assert replay(logged_run(FALLING_ROLLOUTS, once)) == []
+    held_out_only = [r for r in logged_run(FALLING_ROLLOUTS, CPS_SEED_8_HELD_OUT) if "eval_reward/total" in r]
+    assert replay(held_out_only) == []  # no rollouts logged: neither held-out rule can tell which it is
+
+
+def test_a_held_out_fall_is_caught_when_the_rollouts_comparison_flips_between_evaluations() -> None:
+    """Each rule waits for 2 evaluations in a row; a fall read as divergence at one and decline at the next still
+    fires one of them (held_out_decline counts the fall, not the comparison, over its two)."""
+    rollouts = [1.0] * 5 + [2.0] * 5 + [1.2] * 10 + [1.0] * 5
+    held_out = [1.8, 1.75, 1.7, 1.6, 1.5, 1.4]
+    # At 20 the rollouts since step 5 (1.47) average above those before (1.0); at 25 those since step 10 (1.13) below
+    # those before (1.5).
+    alarms = replay(logged_run(rollouts, held_out))
+    assert names(alarms) == ["held_out_decline"] and alarms[0].step == 25
+
+
+def test_nan_rewards_are_no_fall_and_no_comparison() -> None:
+    nan = float("nan")
+    assert replay(logged_run(FALLING_ROLLOUTS, [nan, 1.6, 1.6, 1.6, 1.6, 1.6])) == []  # a NaN first evaluation
+    assert replay(logged_run(FALLING_ROLLOUTS, [1.74, 1.77, nan, nan, nan, nan])) == []
+    assert replay(logged_run([nan] * 25, CPS_SEED_8_HELD_OUT)) == []  # rollouts' reward all NaN: not compared
 
 
 def test_groups_without_signal_and_kl_spikes() -> None:
