@@ -196,8 +196,8 @@ def _held_out_decline(rule: AlarmRule, history: list[Record]) -> tuple[str, str]
     """The held-out videos' training reward fell (`_held_out_fell`) at the last evaluation and at the one before,
     whatever the rollouts did then, and at the last the training rollouts' reward, compared as in
     `_held_out_divergence`, did not rise: the policy getting worse, the fall that rule leaves out. The rule counts
-    its two evaluations in a row itself, so that a fall whose rollouts' comparison flips from one evaluation to the
-    next is caught by one of the two rules."""
+    its two evaluations in a row itself, so that a fall read as a divergence at one evaluation and as a decline at
+    the next fires this rule (with the monitor's patience, each rule's count would restart there)."""
     found = _held_out_fall(rule, history)
     if found is None or not found.rollouts_compared() or found.rollouts_rose():
         return None
