@@ -60,12 +60,15 @@ def arena_runs(folders: Sequence[Path]) -> tuple[list[dict[str, Any]], int]:
 
 
 def _read_run(run: dict[str, Any]) -> dict[str, Any]:
-    """The run's alarms, its closest approach to each held-out rule, and its held-out training reward's course."""
+    """The run's alarms (and the names of those that fired), its closest approach to each held-out rule, and its
+    held-out training reward's course."""
     records = run["records"]
     held_out = [record[HELD_OUT_TOTAL] for record in records if is_evaluation_record(record)]
+    alarms = replay(records)
     return {
         **run,
-        "alarms": replay(records),
+        "alarms": alarms,
+        "fired": {alarm.name for alarm in alarms},
         "closest": {name: firing_threshold(records, name) for name in HELD_OUT_RULES},
         "held_out": (held_out[0], min(held_out), held_out[-1]) if held_out else None,
     }
@@ -77,7 +80,7 @@ def _rows_table(runs: list[dict[str, Any]]) -> str:
         groups.setdefault((run["task"], run["row"]), []).append(run)
     rows = []
     for (task, row), members in groups.items():
-        counts = {name: sum(any(a.name == name for a in run["alarms"]) for run in members) for name in ALARM_RULES}
+        counts = {name: sum(name in run["fired"] for run in members) for name in ALARM_RULES}
         fired = ", ".join(f"`{name}` {count}" for name, count in counts.items() if count) or "none"
         closest = [f"{max(run['closest'][name] for run in members):.4f}" for name in HELD_OUT_RULES]
         rows.append([task, row, len(members), fired, *closest])
@@ -113,7 +116,7 @@ def _reading(runs: list[dict[str, Any]]) -> str:
     """How often each held-out rule fired, and the closest any other run came to it."""
     sentences = []
     for name in HELD_OUT_RULES:
-        quiet = [run["closest"][name] for run in runs if not any(a.name == name for a in run["alarms"])]
+        quiet = [run["closest"][name] for run in runs if name not in run["fired"]]
         others = f"the largest closest value among the others is {max(quiet):.4f}" if quiet else "no run stayed quiet"
         sentences.append(f"`{name}` fired in {len(runs) - len(quiet)} of {len(runs)} runs; {others}.")
     return " ".join(sentences)

@@ -158,10 +158,13 @@ def _held_out_fell(rule: AlarmRule, evaluations: list[Record]) -> bool:
     return change is not None and change < -rule.threshold
 
 
-def _held_out_fall(rule: AlarmRule, history: list[Record]) -> _HeldOutFall | None:
-    """The fall of the held-out videos' training reward over the last ``window`` evaluations (`_held_out_fell`),
-    with the training rollouts around it; None where it did not fall."""
-    evaluations = [record for record in history if is_evaluation_record(record)]
+def _evaluations(history: list[Record]) -> list[Record]:
+    return [record for record in history if is_evaluation_record(record)]
+
+
+def _held_out_fall(rule: AlarmRule, history: list[Record], evaluations: list[Record]) -> _HeldOutFall | None:
+    """The fall of the held-out videos' training reward over the last ``window`` of ``evaluations`` (the history's,
+    `_held_out_fell`), with the training rollouts around it; None where it did not fall."""
     if not _held_out_fell(rule, evaluations):
         return None
     first, last = evaluations[-rule.window - 1], evaluations[-1]
@@ -178,7 +181,7 @@ def _held_out_fall(rule: AlarmRule, history: list[Record]) -> _HeldOutFall | Non
 def _held_out_divergence(rule: AlarmRule, history: list[Record]) -> tuple[str, str] | None:
     """The held-out videos' training reward fell (`_held_out_fall`) while the training rollouts' reward of the
     steps since the window's first evaluation averaged above its average over the steps before."""
-    found = _held_out_fall(rule, history)
+    found = _held_out_fall(rule, history, _evaluations(history))
     if found is None or not found.rollouts_rose():
         return None
     message = f"{found.fall_text} while the training rollouts' reward rose {found.rollout_means_text()}."
@@ -198,10 +201,10 @@ def _held_out_decline(rule: AlarmRule, history: list[Record]) -> tuple[str, str]
     `_held_out_divergence`, did not rise: the policy getting worse, the fall that rule leaves out. The rule counts
     its two evaluations in a row itself, so that a fall read as a divergence at one evaluation and as a decline at
     the next fires this rule (with the monitor's patience, each rule's count would restart there)."""
-    found = _held_out_fall(rule, history)
+    evaluations = _evaluations(history)
+    found = _held_out_fall(rule, history, evaluations)
     if found is None or not found.rollouts_compared() or found.rollouts_rose():
         return None
-    evaluations = [record for record in history if is_evaluation_record(record)]
     if not _held_out_fell(rule, evaluations[:-1]):
         return None
     message = f"{found.fall_text} and the training rollouts' reward did not rise {found.rollout_means_text()}."

@@ -32,9 +32,9 @@ def write_cell(folder: Path, seed: int, held_out: list[float], finished: bool = 
         (cell_dir / RESULT_FILE).write_text(json.dumps(result))
 
 
-def arena_folder(path: Path, seeds: list[int]) -> Path:
+def arena_folder(path: Path, seeds: list[int], flags: list[str] | None = None) -> Path:
     path.mkdir(parents=True)
-    (path / GRID_FILE).write_text(ArenaGrid(["sage_grpo"], ["temporal"], seeds).to_json())
+    (path / GRID_FILE).write_text(ArenaGrid(["sage_grpo"], ["temporal"], seeds, flags=flags or []).to_json())
     return path
 
 
@@ -55,9 +55,7 @@ def test_the_alarms_are_replayed_over_finished_cells_and_a_copied_cell_counts_on
 
 
 def test_rows_run_with_other_flags_stay_apart(tmp_path: Path) -> None:
-    plain, longer = arena_folder(tmp_path / "plain", [0]), tmp_path / "longer"
-    longer.mkdir()
-    (longer / GRID_FILE).write_text(ArenaGrid(["sage_grpo"], ["temporal"], [1], flags=["--max_steps", "25"]).to_json())
+    plain, longer = arena_folder(tmp_path / "plain", [0]), arena_folder(tmp_path / "longer", [1], ["--max_steps", "25"])
     write_cell(plain, 0, HEALTHY)
     write_cell(longer, 1, CPS_SEED_8_HELD_OUT)
     section = arena_alarms.report([plain, longer])
