@@ -321,7 +321,7 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
             "held_out_divergence", 0.02, 3, _held_out_divergence, is_evaluation_record, patience=2,
             reads=_is_training_step,
         ),
-        # 0.02, as held_out_divergence: over the arena's 220 finished runs it fired only on the one that broke
+        # 0.02, as held_out_divergence: over the arena's 292 finished runs it fired only on the one that broke
         # (the temporal task's cps run of seed 8: 0.051); the next, a toy run that got worse, came to 0.0176 and
         # the closest of those that ended better to 0.012 (docs/runs.md). Patience 1: the
         # rule itself asks for the fall at 2 evaluations in a row, the rollouts' comparison at the last only.
