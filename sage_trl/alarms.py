@@ -323,8 +323,8 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
         ),
         # 0.02, as held_out_divergence: over the arena's 292 finished runs it fired only on the one that broke
         # (the temporal task's cps run of seed 8: 0.051); the next, a toy run that got worse, came to 0.0176 and
-        # the closest of those that ended better to 0.012 (docs/runs.md). Patience 1: the
-        # rule itself asks for the fall at 2 evaluations in a row, the rollouts' comparison at the last only.
+        # the closest of those that ended better to 0.012 (docs/runs.md). Patience 1: the rule itself asks for
+        # the fall at 2 evaluations in a row, the rollouts' comparison at the last only.
         AlarmRule("held_out_decline", 0.02, 3, _held_out_decline, is_evaluation_record, reads=_is_training_step),
         AlarmRule("off_policy_ratio", 1e-4, 2, _off_policy_ratio, _is_training_step, explain=explain_off_policy),
         AlarmRule("groups_without_signal", 0.5, 5, _groups_without_signal, _is_training_step),
