@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import reporting
-from sage_trl.alarms import HELD_OUT_TOTAL, default_rules, replay
+from sage_trl.alarms import HELD_OUT_TOTAL, default_rules, records_in_a_row, replay
 from sage_trl.arena.grid import published_settings
 from sage_trl.evaluation import HELD_OUT_EVAL_REWARD, HELD_OUT_WORLD, is_evaluation_record
 
@@ -204,12 +204,17 @@ def _default_section(seeds: Sequence[int], runs: Path) -> str:
     return "\n\n".join([reporting.markdown_table(header, rows), reading])
 
 
-def report(runs: Path, seeds: Sequence[int]) -> str:
-    """The markdown of the three kinds of runs over ``seeds``."""
-    rules = ", ".join(
-        f"`{r.name}` {r.threshold:g} over {r.window}" + (f" at {r.patience} in a row" if r.patience > 1 else "")
+def rules_summary() -> str:
+    """The library's rules as "`name` threshold over window[ at N in a row]", N the records in a row each needs."""
+    return ", ".join(
+        f"`{r.name}` {r.threshold:g} over {r.window}" + (f" at {n} in a row" if (n := records_in_a_row(r)) > 1 else "")
         for r in default_rules()
     )
+
+
+def report(runs: Path, seeds: Sequence[int]) -> str:
+    """The markdown of the three kinds of runs over ``seeds``."""
+    rules = rules_summary()
     method = (
         f"Runs: `sage-train --seed N` with the hackable flags at the paper's KL ({' '.join(KINDS['hackable'])}), the "
         f"same at the toy preset's KL ({' '.join(KINDS['hackable_preset'])}), or none, 40 optimizer steps each; the "

@@ -31,12 +31,14 @@ from sage_trl.evaluation import HELD_OUT_EVAL_REWARD, HELD_OUT_REWARD, is_evalua
 
 __all__ = [
     "ALARM_RULES",
+    "HELD_OUT_DECLINE_EVALUATIONS",
     "HELD_OUT_TOTAL",
     "Alarm",
     "AlarmMonitor",
     "AlarmRule",
     "component_changes",
     "read_alarms",
+    "records_in_a_row",
     "relative_changes",
     "replay",
 ]
@@ -195,17 +197,22 @@ def _held_out_divergence(rule: AlarmRule, history: list[Record]) -> tuple[str, s
     return message, advice
 
 
+HELD_OUT_DECLINE_EVALUATIONS = 2
+"""How many evaluations in a row the held-out reward must have fallen at for `held_out_decline` (the rule counts them
+itself, with patience 1; `records_in_a_row`): one noisy evaluation falls by chance more often than two."""
+
+
 def _held_out_decline(rule: AlarmRule, history: list[Record]) -> tuple[str, str] | None:
-    """The held-out videos' training reward fell (`_held_out_fell`) at the last evaluation and at the one before,
-    whatever the rollouts did then, and at the last the training rollouts' reward, compared as in
-    `_held_out_divergence`, did not rise: the policy getting worse, the fall that rule leaves out. The rule counts
-    its two evaluations in a row itself, so that a fall read as a divergence at one evaluation and as a decline at
-    the next fires this rule (with the monitor's patience, each rule's count would restart there)."""
+    """The held-out videos' training reward fell (`_held_out_fell`) at the last `HELD_OUT_DECLINE_EVALUATIONS`
+    evaluations in a row, whatever the rollouts did at the earlier ones, and at the last the training rollouts'
+    reward, compared as in `_held_out_divergence`, did not rise: the policy getting worse, the fall that rule leaves
+    out. The rule counts its evaluations in a row itself, so that a fall read as a divergence at one evaluation and
+    as a decline at the next fires this rule (with the monitor's patience, each rule's count would restart there)."""
     evaluations = _evaluations(history)
     found = _held_out_fall(rule, history, evaluations)
     if found is None or not found.rollouts_compared() or found.rollouts_rose():
         return None
-    if not _held_out_fell(rule, evaluations[:-1]):
+    if not all(_held_out_fell(rule, evaluations[:-back]) for back in range(1, HELD_OUT_DECLINE_EVALUATIONS)):
         return None
     message = f"{found.fall_text} and the training rollouts' reward did not rise {found.rollout_means_text()}."
     advice = (
@@ -324,12 +331,18 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
         # 0.02, as held_out_divergence: over the arena's 292 finished runs it fired only on the one that broke
         # (the temporal task's cps run of seed 8: 0.051); the next, a toy run that got worse, came to 0.0176 and
         # the closest of those that ended better to 0.012 (docs/runs.md). Patience 1: the rule itself asks for
-        # the fall at 2 evaluations in a row, the rollouts' comparison at the last only.
+        # the fall at HELD_OUT_DECLINE_EVALUATIONS in a row, the rollouts' comparison at the last only.
         AlarmRule("held_out_decline", 0.02, 3, _held_out_decline, is_evaluation_record, reads=_is_training_step),
         AlarmRule("off_policy_ratio", 1e-4, 2, _off_policy_ratio, _is_training_step, explain=explain_off_policy),
         AlarmRule("groups_without_signal", 0.5, 5, _groups_without_signal, _is_training_step),
         AlarmRule("kl_spike", 20.0, 10, _kl_spike, _is_training_step),
     ]
+
+
+def records_in_a_row(rule: AlarmRule) -> int:
+    """How many records in a row must meet ``rule`` before it fires: its patience, or, for `held_out_decline`, which
+    counts its evaluations itself, `HELD_OUT_DECLINE_EVALUATIONS`."""
+    return HELD_OUT_DECLINE_EVALUATIONS if rule.check is _held_out_decline else rule.patience
 
 
 ALARM_RULES: tuple[str, ...] = tuple(rule.name for rule in default_rules())

@@ -56,6 +56,12 @@ def test_the_firing_threshold_of_the_held_out_divergence_is_its_fall() -> None:
     assert toy_alarms.firing_threshold(falling_rollouts, "held_out_decline") == pytest.approx(0.3)
 
 
+def test_the_rules_summary_gives_each_rules_count_in_a_row() -> None:
+    summary = toy_alarms.rules_summary()
+    assert "`held_out_decline` 0.02 over 3 at 2 in a row," in summary  # counted by the rule itself, not patience
+    assert "`proxy_gold_divergence` 0.02 over 3 at 2 in a row," in summary and summary.endswith("`kl_spike` 20 over 10")
+
+
 @pytest.mark.slow
 def test_quick_runs_report_every_kind(tmp_path: Path) -> None:
     toy_alarms.main([*quick_arguments(tmp_path), "--seeds", "0", "--runs", str(tmp_path / "runs")])

@@ -15,7 +15,16 @@ import pytest
 import torch
 
 from sage_trl import SageGRPOTrainer
-from sage_trl.alarms import ALARM_RULES, Alarm, read_alarms, replay
+from sage_trl import alarms as alarm_module
+from sage_trl.alarms import (
+    ALARM_RULES,
+    HELD_OUT_DECLINE_EVALUATIONS,
+    Alarm,
+    default_rules,
+    read_alarms,
+    records_in_a_row,
+    replay,
+)
 from sage_trl.evaluation import sampling_held_out
 from sage_trl.hub.card import render_model_card
 from sage_trl.report import run_report
@@ -101,6 +110,16 @@ def test_held_out_decline_fires_when_the_held_out_reward_falls_and_the_rollouts_
     assert replay(logged_run(FALLING_ROLLOUTS, once)) == []
     held_out_only = [r for r in logged_run(FALLING_ROLLOUTS, CPS_SEED_8_HELD_OUT) if "eval_reward/total" in r]
     assert replay(held_out_only) == []  # no rollouts logged: neither held-out rule can tell which it is
+
+
+def test_held_out_decline_counts_its_own_evaluations_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`HELD_OUT_DECLINE_EVALUATIONS` is the count the rule checks and the one `records_in_a_row` reports."""
+    counts = {rule.name: records_in_a_row(rule) for rule in default_rules()}
+    assert counts["held_out_decline"] == HELD_OUT_DECLINE_EVALUATIONS == 2
+    assert counts["proxy_gold_divergence"] == 2 and counts["kl_spike"] == 1  # the other rules: their patience
+    monkeypatch.setattr(alarm_module, "HELD_OUT_DECLINE_EVALUATIONS", 3)  # the falls at 15 and 20 no longer suffice
+    alarms = replay(logged_run(FALLING_ROLLOUTS, CPS_SEED_8_HELD_OUT))
+    assert names(alarms) == ["held_out_decline"] and alarms[0].step == 25
 
 
 def test_a_held_out_fall_is_caught_when_the_rollouts_comparison_flips_between_evaluations() -> None:
