@@ -51,7 +51,7 @@ KL_SWEEP = ("0.5", "0.1", "8", "32", "4", "16")
 """The moving anchor's coefficients around `STRONG_KL`'s 2 (variants ``kl_moving_<beta>``): on the hackable task
 lambda_max 2 stops most of the reward's gaming (docs/arena.md). 0.5 and 0.1, between the paper's 1e-5 and 2, ask
 whether a weaker term keeps that protection and learns more of what the reward gets right; 8 asks whether a stronger
-one protects more or only learns less; 32 looks for where the dial turns over (8 was still the best measured); 4
+one protects more or only learns less; 32 looks for where the dial turns over (8 was then the best measured); 4
 lies between 2 and 8, where the dial turns over on the temporal task (8 scores below 2 there); 16 lies between 8 and
 32, where it turns over on the hackable task. Each new coefficient comes last so that the variants before it keep their
 places in the full grid's cell order (its shards)."""
