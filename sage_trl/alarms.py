@@ -31,7 +31,6 @@ from sage_trl.evaluation import HELD_OUT_EVAL_REWARD, HELD_OUT_REWARD, is_evalua
 
 __all__ = [
     "ALARM_RULES",
-    "HELD_OUT_DECLINE_EVALUATIONS",
     "HELD_OUT_TOTAL",
     "Alarm",
     "AlarmMonitor",
@@ -78,6 +77,9 @@ class AlarmRule:
         reads: ``reads(record) -> bool``: other records the history also holds, never checked at (None: none).
         patience: how many records it is checked at in a row must meet the rule before it fires (a noisy
             evaluation meets it once by chance more often than twice).
+        in_a_row: for a rule whose check counts its own records in a row (`held_out_decline`, whose count must
+            not restart when its reading changes between records): how many; the check reads it, and patience
+            stays 1 (`records_in_a_row`).
         explain: for ``off_policy_ratio``: names the causes the library can see (`sage_trl.alarm_callback`).
     """
 
@@ -89,6 +91,16 @@ class AlarmRule:
     patience: int = 1
     explain: Callable[[], str] | None = field(default=None, repr=False)
     reads: Callable[[Record], bool] | None = None
+    in_a_row: int = 1
+
+    def __post_init__(self) -> None:
+        if self.patience < 1 or self.in_a_row < 1:
+            raise ValueError(f"AlarmRule {self.name!r}: patience and in_a_row must be at least 1.")
+        if self.patience > 1 and self.in_a_row > 1:
+            raise ValueError(
+                f"AlarmRule {self.name!r}: set patience (the monitor counts the records in a row) or in_a_row (the "
+                "check counts them), not both."
+            )
 
 
 # -- the rules ----------------------------------------------------------------------------------------------------
@@ -197,22 +209,17 @@ def _held_out_divergence(rule: AlarmRule, history: list[Record]) -> tuple[str, s
     return message, advice
 
 
-HELD_OUT_DECLINE_EVALUATIONS = 2
-"""How many evaluations in a row the held-out reward must have fallen at for `held_out_decline` (the rule counts them
-itself, with patience 1; `records_in_a_row`): one noisy evaluation falls by chance more often than two."""
-
-
 def _held_out_decline(rule: AlarmRule, history: list[Record]) -> tuple[str, str] | None:
-    """The held-out videos' training reward fell (`_held_out_fell`) at the last `HELD_OUT_DECLINE_EVALUATIONS`
-    evaluations in a row, whatever the rollouts did at the earlier ones, and at the last the training rollouts'
-    reward, compared as in `_held_out_divergence`, did not rise: the policy getting worse, the fall that rule leaves
-    out. The rule counts its evaluations in a row itself, so that a fall read as a divergence at one evaluation and
-    as a decline at the next fires this rule (with the monitor's patience, each rule's count would restart there)."""
+    """The held-out videos' training reward fell (`_held_out_fell`) at the last ``in_a_row`` evaluations in a row,
+    whatever the rollouts did at the earlier ones, and at the last the training rollouts' reward, compared as in
+    `_held_out_divergence`, did not rise: the policy getting worse, the fall that rule leaves out. The rule counts its
+    evaluations in a row itself, so that a fall read as a divergence at one evaluation and as a decline at the next
+    fires this rule (with the monitor's patience, each rule's count would restart there)."""
     evaluations = _evaluations(history)
     found = _held_out_fall(rule, history, evaluations)
     if found is None or not found.rollouts_compared() or found.rollouts_rose():
         return None
-    if not all(_held_out_fell(rule, evaluations[:-back]) for back in range(1, HELD_OUT_DECLINE_EVALUATIONS)):
+    if not all(_held_out_fell(rule, evaluations[:-back]) for back in range(1, rule.in_a_row)):
         return None
     message = f"{found.fall_text} and the training rollouts' reward did not rise {found.rollout_means_text()}."
     advice = (
@@ -330,9 +337,12 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
         ),
         # 0.02, as held_out_divergence: over the arena's 292 finished runs it fired only on the one that broke
         # (the temporal task's cps run of seed 8: 0.051); the next, a toy run that got worse, came to 0.0176 and
-        # the closest of those that ended better to 0.012 (docs/runs.md). Patience 1: the rule itself asks for
-        # the fall at HELD_OUT_DECLINE_EVALUATIONS in a row, the rollouts' comparison at the last only.
-        AlarmRule("held_out_decline", 0.02, 3, _held_out_decline, is_evaluation_record, reads=_is_training_step),
+        # the closest of those that ended better to 0.012 (docs/runs.md). The rule itself asks for the fall at 2
+        # evaluations in a row (one noisy evaluation falls by chance more often than two), the rollouts' comparison
+        # at the last only.
+        AlarmRule(
+            "held_out_decline", 0.02, 3, _held_out_decline, is_evaluation_record, reads=_is_training_step, in_a_row=2,
+        ),
         AlarmRule("off_policy_ratio", 1e-4, 2, _off_policy_ratio, _is_training_step, explain=explain_off_policy),
         AlarmRule("groups_without_signal", 0.5, 5, _groups_without_signal, _is_training_step),
         AlarmRule("kl_spike", 20.0, 10, _kl_spike, _is_training_step),
@@ -340,9 +350,9 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
 
 
 def records_in_a_row(rule: AlarmRule) -> int:
-    """How many records in a row must meet ``rule`` before it fires: its patience, or, for `held_out_decline`, which
-    counts its evaluations itself, `HELD_OUT_DECLINE_EVALUATIONS`."""
-    return HELD_OUT_DECLINE_EVALUATIONS if rule.check is _held_out_decline else rule.patience
+    """How many records in a row must meet ``rule`` before it fires: its patience, or the count its check keeps
+    itself (``in_a_row``)."""
+    return max(rule.patience, rule.in_a_row)
 
 
 ALARM_RULES: tuple[str, ...] = tuple(rule.name for rule in default_rules())

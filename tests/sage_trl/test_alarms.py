@@ -9,16 +9,15 @@ import itertools
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from sage_trl import SageGRPOTrainer
-from sage_trl import alarms as alarm_module
 from sage_trl.alarms import (
     ALARM_RULES,
-    HELD_OUT_DECLINE_EVALUATIONS,
     Alarm,
     default_rules,
     read_alarms,
@@ -112,14 +111,22 @@ def test_held_out_decline_fires_when_the_held_out_reward_falls_and_the_rollouts_
     assert replay(held_out_only) == []  # no rollouts logged: neither held-out rule can tell which it is
 
 
-def test_held_out_decline_counts_its_own_evaluations_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`HELD_OUT_DECLINE_EVALUATIONS` is the count the rule checks and the one `records_in_a_row` reports."""
+def test_held_out_decline_counts_its_own_evaluations_in_a_row() -> None:
+    """The rule's ``in_a_row`` is the count its check uses and the one `records_in_a_row` reports."""
     counts = {rule.name: records_in_a_row(rule) for rule in default_rules()}
-    assert counts["held_out_decline"] == HELD_OUT_DECLINE_EVALUATIONS == 2
+    assert counts["held_out_decline"] == 2
     assert counts["proxy_gold_divergence"] == 2 and counts["kl_spike"] == 1  # the other rules: their patience
-    monkeypatch.setattr(alarm_module, "HELD_OUT_DECLINE_EVALUATIONS", 3)  # the falls at 15 and 20 no longer suffice
-    alarms = replay(logged_run(FALLING_ROLLOUTS, CPS_SEED_8_HELD_OUT))
+    three = [replace(rule, in_a_row=3) if rule.name == "held_out_decline" else rule for rule in default_rules()]
+    alarms = replay(logged_run(FALLING_ROLLOUTS, CPS_SEED_8_HELD_OUT), three)  # the falls at 15 and 20 no longer do
     assert names(alarms) == ["held_out_decline"] and alarms[0].step == 25
+
+
+@pytest.mark.parametrize(("patience", "in_a_row", "message"), [(0, 1, "at least 1"), (2, 2, "not both")])
+def test_an_alarm_rule_counts_records_in_a_row_once(patience: int, in_a_row: int, message: str) -> None:
+    """The monitor's patience and the check's own count are exclusive: both would multiply the records asked for."""
+    rule = default_rules()[0]
+    with pytest.raises(ValueError, match=message):
+        replace(rule, patience=patience, in_a_row=in_a_row)
 
 
 def test_a_held_out_fall_is_caught_when_the_rollouts_comparison_flips_between_evaluations() -> None:
