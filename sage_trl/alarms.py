@@ -335,9 +335,9 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
             "held_out_divergence", 0.02, 3, _held_out_divergence, is_evaluation_record, patience=2,
             reads=_is_training_step,
         ),
-        # 0.02, as held_out_divergence: over the arena's 532 finished runs it fired on three, each a run that broke
-        # or got worse (the temporal task's cps run of seed 8: 0.051; two few-step runs: 0.042 and 0.034); it missed
-        # runs that got worse at 0.0174 to 0.0197, and came to 0.0161 on one that ended better (docs/runs.md). The rule itself asks for the fall at 2
+        # 0.02, as held_out_divergence: over the arena's 556 finished runs it fired on three, each a run that broke
+        # or got worse (the temporal task's cps run of seed 8: 0.051; two few-step runs: 0.042 and 0.034); it misses
+        # other runs that got worse (up to 0.0197) and came to 0.0182 on one that ended better (docs/runs.md). The rule itself asks for the fall at 2
         # evaluations in a row (one noisy evaluation falls by chance more often than two), the rollouts' comparison
         # at the last only.
         AlarmRule(
