@@ -338,8 +338,8 @@ def default_rules(explain_off_policy: Callable[[], str] | None = None) -> list[A
         # 0.02, as held_out_divergence: over the arena's 556 finished runs it fired on three, each a run that broke
         # or got worse (the temporal task's cps run of seed 8: 0.051; two few-step runs: 0.042 and 0.034); it misses
         # other runs that got worse (up to 0.0197) and came to 0.0182 on one that ended better (docs/runs.md). The
-        # rule itself asks for the fall at 2 evaluations in a row (one noisy evaluation falls by chance more often
-        # than two), the rollouts' comparison at the last only.
+        # rule itself asks for the fall at in_a_row evaluations in a row (one noisy evaluation falls by chance more
+        # often than two), the rollouts' comparison at the last only.
         AlarmRule(
             "held_out_decline", 0.02, 3, _held_out_decline, is_evaluation_record, reads=_is_training_step, in_a_row=2,
         ),
