@@ -9,11 +9,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.flow_grpo import FlowGRPOAgentConfig
 from agents.registry import algorithm_spec
 from sage_trl.arena.tasks import TASKS, task_named
 from sage_trl.presets import PER_ALGORITHM, algorithm_values, load_preset, preset_for_model
 
 __all__ = [
+    "FLOW_GRPO_KL",
     "KL_ANCHOR_UPDATE_STEPS",
     "KL_SWEEP",
     "MATCHED_NOISE_ETA",
@@ -63,16 +65,30 @@ differ: 0.16 for dance_grpo and 0.77 for cps, against 0.58 for sage and 0.56 for
 compare their noise levels more than their forms (docs/arena.md, "The SDE on the hackable task"). dance_grpo's 2.6 lies
 far above the published methods' 0.3-1.0: that is what its form needs to explore as much here."""
 
+FLOW_GRPO_KL = tuple(
+    token
+    for name in ("kl_strategy", "kl_coef_schedule", "beta")
+    for token in (f"--{name}", str(FlowGRPOAgentConfig.defaults[name]))
+)
+"""Flow-GRPO's KL term as flags (a fixed KL to the initial model at a constant beta 0.04, `agents.flow_grpo`), for the
+variants ``kl_flow_grpo`` and ``kl_flow_grpo_no_equalizer``: on the few-step task Flow-GRPO beat ``sage_grpo`` and
+its edge was not its SDE, which left its KL term and its missing equalizer; these variants separate the two
+(docs/arena.md, "Flow-GRPO's KL and equalizer on the few-step task")."""
+
+_NO_EQUALIZER = ("--equalizer", "false")
+
 VARIANTS: dict[str, tuple[str, ...]] = {
     "sde_flow_grpo": ("--sde", "flow_grpo"),
     "sde_dance_grpo": ("--sde", "dance_grpo"),
     "sde_cps": ("--sde", "cps"),
     **{f"sde_{sde}_eta_{eta}": ("--sde", sde, "--eta", eta) for sde, eta in MATCHED_NOISE_ETA.items()},
     "eta_0.55": ("--eta", "0.55"),
-    "no_equalizer": ("--equalizer", "false"),
+    "no_equalizer": _NO_EQUALIZER,
     **{f"kl_{kind}": ("--kl_strategy", kind) for kind in ("none", "fixed", "moving", "stepwise")},
     **{f"kl_{kind}_strong": ("--kl_strategy", kind, *STRONG_KL) for kind in ("fixed", "moving", "stepwise", "dual")},
     **{f"kl_moving_{beta}": ("--kl_strategy", "moving", *_kl_coefficient(beta)) for beta in KL_SWEEP},
+    "kl_flow_grpo": FLOW_GRPO_KL,
+    "kl_flow_grpo_no_equalizer": (*FLOW_GRPO_KL, *_NO_EQUALIZER),
 }
 """The paper's ablations of ``sage_grpo`` (a cell ``sage_grpo+<variant>`` adds these flags): the SDE type (Sec. 3), at
 the toy preset's eta and at the eta where dance_grpo and cps explore as much as SAGE on the toy task
@@ -80,7 +96,8 @@ the toy preset's eta and at the eta where dance_grpo and cps explore as much as 
 (0.748) meets flow_grpo's and cps' at the toy preset's 0.7 (0.757 and 0.735), so that the SDE types compare at equal
 exploration there (0.55 is near SAGE's official 0.5); the temporal gradient equalizer off (Sec. 4.2); the KL strategies
 other than its dual KL (Sec. 3.2.2, Table 2) at the paper's coefficients, each at a coefficient where the KL term
-matters (`STRONG_KL`), and the moving anchor at coefficients around the strong one (`KL_SWEEP`)."""
+matters (`STRONG_KL`), and the moving anchor at coefficients around the strong one (`KL_SWEEP`); Flow-GRPO's KL term in
+place of the dual KL, with the equalizer on and off (`FLOW_GRPO_KL`)."""
 
 
 @functools.cache

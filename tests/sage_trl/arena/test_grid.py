@@ -216,6 +216,26 @@ def test_the_eta_variant_matches_sage_exploration_to_flow_grpo_and_cps_on_the_fe
     assert mean_noise_std(Cell("sage_grpo", "few_step", 0)) / others[1] > 1.2
 
 
+def test_the_flow_grpo_kl_variants_differ_from_flow_grpo_in_its_sde_and_the_equalizer_only() -> None:
+    """`FLOW_GRPO_KL`'s promise: ``sage_grpo+kl_flow_grpo_no_equalizer`` trains as ``flow_grpo`` does but for the SDE,
+    and ``sage_grpo+kl_flow_grpo`` adds the equalizer back, so the pair separates Flow-GRPO's KL from its missing
+    equalizer (docs/arena.md)."""
+    from dataclasses import asdict
+
+    from sage_trl.cli.parsing import parse_train_arguments
+
+    def resolved(cell: Cell) -> dict:
+        arguments, config = parse_train_arguments([*cell.flags(), "--output_dir", "never-written"])
+        return {**asdict(arguments), **asdict(config)}
+
+    flow_grpo = resolved(Cell("flow_grpo", "few_step", 0))
+    without = resolved(Cell("sage_grpo", "few_step", 0, "kl_flow_grpo_no_equalizer"))
+    with_equalizer = resolved(Cell("sage_grpo", "few_step", 0, "kl_flow_grpo"))
+    assert {k for k in flow_grpo if flow_grpo[k] != without[k]} == {"algorithm", "sde"}
+    assert {k for k in without if without[k] != with_equalizer[k]} == {"equalizer"}
+    assert (without["kl_strategy"], without["beta"], without["equalizer"]) == ("fixed", 0.04, False)
+
+
 @pytest.mark.parametrize("task", ["toy", "hackable"])
 def test_the_matched_noise_variants_explore_as_much_as_sage_on_the_toy_schedule(task: str) -> None:
     """`MATCHED_NOISE_ETA`'s promise: on the toy schedule (the toy and hackable tasks' SDE steps) dance_grpo at 2.6
