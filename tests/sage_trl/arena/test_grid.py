@@ -236,6 +236,21 @@ def test_the_flow_grpo_kl_variants_differ_from_flow_grpo_in_its_sde_and_the_equa
     assert (without["kl_strategy"], without["beta"], without["equalizer"]) == ("fixed", 0.04, False)
 
 
+def test_the_docs_state_the_full_profiles_cell_count() -> None:
+    """docs/arena.md's cost of the full profile counts its cells: every built-in algorithm (this package's entry
+    points) and every variant, on every task, over its seeds, at 6 minutes a cell; a new variant or algorithm must
+    update it."""
+    from importlib.metadata import distribution
+
+    from sage_env.plugins import GROUPS
+
+    built_in = [e.name for e in distribution("sage-grpo").entry_points if e.group == GROUPS["algorithms"]]
+    full = PROFILES["full"]
+    count = len(ArenaGrid(built_in, list(full.tasks), list(range(full.seeds)), list(full.variants)).cells())
+    six_minute_cells = f"Its {count:,} cells need about {count * 6 // 60:,} CPU-hours"
+    assert six_minute_cells in (Path(__file__).parents[3] / "docs" / "arena.md").read_text()
+
+
 @pytest.mark.parametrize("task", ["toy", "hackable"])
 def test_the_matched_noise_variants_explore_as_much_as_sage_on_the_toy_schedule(task: str) -> None:
     """`MATCHED_NOISE_ETA`'s promise: on the toy schedule (the toy and hackable tasks' SDE steps) dance_grpo at 2.6
