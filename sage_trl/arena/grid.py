@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,11 +66,13 @@ differ: 0.16 for dance_grpo and 0.77 for cps, against 0.58 for sage and 0.56 for
 compare their noise levels more than their forms (docs/arena.md, "The SDE on the hackable task"). dance_grpo's 2.6 lies
 far above the published methods' 0.3-1.0: that is what its form needs to explore as much here."""
 
-FLOW_GRPO_KL = tuple(
-    token
-    for name in ("kl_strategy", "kl_coef_schedule", "beta")
-    for token in (f"--{name}", str(FlowGRPOAgentConfig.defaults[name]))
-)
+
+def _flags(values: Mapping[str, Any], names: Iterable[str]) -> tuple[str, ...]:
+    """``--name value`` for each of ``names``, the values as ``sage-train`` parses them back."""
+    return tuple(token for name in names for token in (f"--{name}", str(values[name])))
+
+
+FLOW_GRPO_KL = _flags(FlowGRPOAgentConfig.defaults, ("kl_strategy", "kl_coef_schedule", "beta"))
 """Flow-GRPO's KL term as flags (a fixed KL to the initial model at a constant beta 0.04, `agents.flow_grpo`), for the
 variants ``kl_flow_grpo`` and ``kl_flow_grpo_no_equalizer``: on the few-step task Flow-GRPO beat ``sage_grpo`` and
 its edge was not its SDE, which left its KL term and its missing equalizer; these variants separate the two
@@ -116,7 +119,7 @@ def published_settings(algorithm: str) -> tuple[str, ...]:
             f"the toy preset's {PER_ALGORITHM} sets {missing} for {algorithm!r}, which have no algorithm default to "
             "restore in the arena: tune only fields of agents.AlgorithmConfig there."
         )
-    return tuple(token for name in sorted(tuned) for token in (f"--{name}", str(defaults[name])))
+    return _flags(defaults, sorted(tuned))
 
 
 @dataclass(frozen=True)

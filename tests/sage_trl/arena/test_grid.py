@@ -20,6 +20,13 @@ def grid(**values) -> ArenaGrid:
                         **values})  # fmt: skip
 
 
+def resolved(cell: Cell):
+    """The ``sage-train`` script arguments and config that ``cell``'s flags resolve to (nothing runs)."""
+    from sage_trl.cli.parsing import parse_train_arguments
+
+    return parse_train_arguments(cell.flags())
+
+
 def test_shards_split_the_cells_once_each_with_every_task() -> None:
     full = grid(variants=["no_equalizer"])
     cells = full.cells()
@@ -52,8 +59,7 @@ def test_each_algorithm_runs_at_its_published_settings_not_the_presets_tuning(
     from sage_trl import cli
 
     algorithm, _, variant = label.partition("+")
-    flags = Cell(algorithm, "toy", 0, variant or None).flags()
-    _, config = cli.parse_train_arguments(flags)
+    _, config = resolved(Cell(algorithm, "toy", 0, variant or None))
     assert (config.beta, config.anchor_update_steps) == (beta, anchor_update_steps)
     if variant:  # docs/arena.md: kl_dual_strong is what sage-train runs on the toy by default
         _, demo = cli.parse_train_arguments([])
@@ -71,10 +77,8 @@ def test_each_algorithm_runs_at_its_published_settings_not_the_presets_tuning(
 def test_the_kl_sweep_runs_the_strong_moving_anchor_at_another_coefficient_above_the_papers(beta: str) -> None:
     """``kl_moving_<beta>`` differs from ``kl_moving_strong`` in lambda_max only, which is above the paper's (the
     baseline's) and not the strong one (docs/arena.md, "The KL coefficient on the hackable task")."""
-    from sage_trl import cli
-
     def kl_of(variant: str | None) -> tuple[str, float, int]:
-        _, config = cli.parse_train_arguments(Cell("sage_grpo", "hackable", 0, variant).flags())
+        _, config = resolved(Cell("sage_grpo", "hackable", 0, variant))
         return config.kl_strategy, config.beta, config.anchor_update_steps
 
     (strategy, swept, anchor), (_, papers, _) = kl_of(f"kl_moving_{beta}"), kl_of(None)
@@ -198,9 +202,8 @@ def mean_noise_std(cell: Cell) -> float:
     """The mean per-step noise std over the SDE steps of the run ``cell`` makes, from the settings ``sage-train``
     resolves its flags to (schedule, window, SDE and eta): what the run logs as ``rollout/exploration_std``."""
     from sage_env.sde import flow_match_sigmas, noise_std
-    from sage_trl.cli.parsing import parse_train_arguments
 
-    _, config = parse_train_arguments([*cell.flags(), "--output_dir", "never-written"])
+    _, config = resolved(cell)
     first, last = config.sde_window
     sigmas = flow_match_sigmas(config.num_inference_steps, config.shift)
     return float(noise_std(config.sde, sigmas[first:last], sigmas[first + 1 : last + 1], config.eta).mean())
@@ -222,15 +225,13 @@ def test_the_flow_grpo_kl_variants_differ_from_flow_grpo_in_its_sde_and_the_equa
     equalizer (docs/arena.md)."""
     from dataclasses import asdict
 
-    from sage_trl.cli.parsing import parse_train_arguments
-
-    def resolved(cell: Cell) -> dict:
-        arguments, config = parse_train_arguments([*cell.flags(), "--output_dir", "never-written"])
+    def settings(cell: Cell) -> dict:
+        arguments, config = resolved(cell)
         return {**asdict(arguments), **asdict(config)}
 
-    flow_grpo = resolved(Cell("flow_grpo", "few_step", 0))
-    without = resolved(Cell("sage_grpo", "few_step", 0, "kl_flow_grpo_no_equalizer"))
-    with_equalizer = resolved(Cell("sage_grpo", "few_step", 0, "kl_flow_grpo"))
+    flow_grpo = settings(Cell("flow_grpo", "few_step", 0))
+    without = settings(Cell("sage_grpo", "few_step", 0, "kl_flow_grpo_no_equalizer"))
+    with_equalizer = settings(Cell("sage_grpo", "few_step", 0, "kl_flow_grpo"))
     assert {k for k in flow_grpo if flow_grpo[k] != without[k]} == {"algorithm", "sde"}
     assert {k for k in without if without[k] != with_equalizer[k]} == {"equalizer"}
     assert (without["kl_strategy"], without["beta"], without["equalizer"]) == ("fixed", 0.04, False)
