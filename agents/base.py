@@ -129,8 +129,9 @@ class AlgorithmAgent(Agent):
 
     def rollout_options(self, env: Any) -> dict[str, Any]:
         """The algorithm's `agents.Algorithm.rollout_options` for ``env``'s schedule and group size."""
-        shape = environment_attributes(env, ("sigmas", "group_size"))
-        return self.algorithm.rollout_options(RolloutShape(torch.as_tensor(shape["sigmas"]), shape["group_size"]))
+        shape = environment_attributes(env, ("sigmas", "group_size", "sde_window"))
+        sigmas = torch.as_tensor(shape["sigmas"])
+        return self.algorithm.rollout_options(RolloutShape(sigmas, shape["group_size"], shape["sde_window"]))
 
     def update(self, trajectory: Trajectory | Sequence[Trajectory]) -> dict[str, float]:
         """``num_iterations`` passes over the rollout, ``num_minibatches`` optimizer steps each.

@@ -20,7 +20,10 @@ Differences on purpose:
   identical lanes), but training sees the tree as its leaves: a shared edge appears on each lane that passes
   through it and is computed on each, its weight split among them (`transition_weights`), so it counts once in the
   loss, as in the published one, at the training cost of every lane;
-- depth pruning (off by default there) and the probability-weighted fusion are not included.
+- depth pruning (off by default there) and the probability-weighted fusion are not included;
+- the published code makes every step stochastic; here only the SDE window's steps are, so the default splits start at
+  the window's first step and, where the window is too short for them 3 steps apart (a few-step schedule), come
+  closer (`BranchGRPOAgentConfig.split_steps`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ __all__ = ["BranchGRPOAgentConfig", "BranchGRPOAlgorithm", "tree_advantages", "w
 
 _ZERO_SPREAD = 1e-6
 """A depth whose node rewards spread less than this carries no signal (the published threshold)."""
+
+PUBLISHED_BRANCH_INTERVAL = 3
+"""Steps between splits in the published trees (``--tree_split_points 0,3,6,9``, arXiv 2509.06040 Sec. 4)."""
 
 
 @dataclass
@@ -72,14 +78,16 @@ class BranchGRPOAgentConfig(AlgorithmConfig):
         "BranchGRPO: the denoising steps whose transition splits every node of a group's tree; a tree has "
         "branch_factor ** len(branch_steps) leaves, which must equal num_generations. Earlier splits share less "
         "of the rollout; each step must be stochastic (inside sde_window). None: every branch_interval steps from "
-        "step 0 (published: 0,3,6,9 for 16 leaves, arXiv 2509.06040 Sec. 4).",
+        "the SDE window's first step (published: 0,3,6,9 for 16 leaves, arXiv 2509.06040 Sec. 4).",
         ListOf(Integer(0, 10**4), min_length=1, optional=True, hint="e.g. [0, 3]"),
     )
-    branch_interval: int = hyperparameter(
-        3,
+    branch_interval: int | None = hyperparameter(
+        None,
         "BranchGRPO: steps between splits when branch_steps is None. Larger spreads the splits over more of the "
-        "schedule. Published: 3.",
-        Integer(1, 10**4),
+        "schedule. None: the published 3 where the tree's splits fit in the SDE window 3 apart, else the widest "
+        "spacing that fits them (a 2-step window, as on a 4-step schedule, gets splits 1 apart); a number is kept "
+        "or refused. Published: 3 (every step is stochastic there).",
+        Integer(1, 10**4, optional=True),
     )
     branch_factor: int = hyperparameter(
         2,
@@ -112,20 +120,39 @@ class BranchGRPOAgentConfig(AlgorithmConfig):
             )
         return depth
 
-    def check_group_size(self, group_size: int) -> None:
-        """A tree per group: ``group_size`` must be a power of ``branch_factor`` (and match ``branch_steps``)."""
-        self.tree_depth(group_size)
+    def check_rollouts(self, group_size: int, sde_window: Sequence[int] | None) -> None:
+        """A tree per group: ``group_size`` must be a power of ``branch_factor`` (and match ``branch_steps``), and
+        when ``sde_window`` is known the tree's splits must fit in it."""
+        if sde_window is None:
+            self.tree_depth(group_size)
+        else:
+            self.split_steps(group_size, sde_window)
 
-    def split_steps(self, num_steps: int, group_size: int) -> list[int]:
-        """The branch steps of trees of ``group_size`` leaves on a ``num_steps``-step schedule."""
+    def split_steps(self, group_size: int, sde_window: Sequence[int]) -> list[int]:
+        """The branch steps of trees of ``group_size`` leaves when steps ``sde_window`` (``[start, end)``) are
+        stochastic: ``branch_steps``, or every ``branch_interval`` steps from ``start`` (`PUBLISHED_BRANCH_INTERVAL`,
+        closer where those do not fit). Errors name the field and the fix."""
         depth = self.tree_depth(group_size)
-        steps = self.branch_steps or [index * self.branch_interval for index in range(depth)]
-        if steps[-1] >= num_steps:
-            raise ValueError(
-                f"BranchGRPO splits at steps {steps} but the schedule has {num_steps} steps; set branch_steps or a "
-                "smaller branch_interval."
+        start, end = sde_window
+        if self.branch_steps is not None:
+            steps = list(self.branch_steps)
+        else:
+            widest = (end - 1 - start) // (depth - 1) if depth > 1 else PUBLISHED_BRANCH_INTERVAL
+            interval = self.branch_interval or max(1, min(PUBLISHED_BRANCH_INTERVAL, widest))
+            steps = [start + index * interval for index in range(depth)]
+        if any(not start <= step < end for step in steps):
+            fix = (
+                "widen sde_window or use fewer num_generations"
+                if depth > end - start
+                else f"set {'branch_steps' if self.branch_steps is not None else 'branch_interval'} so that they "
+                "fall inside the window, or widen sde_window"
             )
-        return list(steps)
+            raise ValueError(
+                f"BranchGRPO splits at steps {steps}, but only steps {start}..{end - 1} are stochastic (sde_window "
+                f"[{start}, {end}]): a split needs the SDE's noise. Trees of {group_size} leaves need {depth} "
+                f"splits: {fix}."
+            )
+        return steps
 
 
 def tree_advantages(
@@ -193,7 +220,7 @@ class BranchGRPOAlgorithm(PolicyGradientAlgorithm):
 
     def rollout_options(self, shape: RolloutShape) -> dict[str, Any]:
         """``{"branch_steps": [...], "branch_factor": k}``: each group is rolled out as one tree."""
-        steps = self.config.split_steps(shape.num_steps, shape.group_size)
+        steps = self.config.split_steps(shape.group_size, shape.sde_window or (0, shape.num_steps))
         return {
             **super().rollout_options(shape),
             "branch_steps": steps,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -359,9 +359,11 @@ class AlgorithmConfig:
                 f"kl_coef_min ({self.kl_coef_min}) must not exceed beta ({self.beta}), the largest KL coefficient."
             )
 
-    def check_group_size(self, group_size: int) -> None:
-        """Raise ``ValueError`` unless the algorithm can train on groups of ``group_size`` samples per prompt (every
-        size by default; BranchGRPO needs a power of its branching factor). Drivers call it before any rollout."""
+    def check_rollouts(self, group_size: int, sde_window: Sequence[int] | None) -> None:
+        """Raise ``ValueError`` unless the algorithm can train on groups of ``group_size`` samples per prompt whose
+        steps ``sde_window`` (``[start, end)``; None: every step, or not known yet) are stochastic. Every shape by
+        default; BranchGRPO needs a power of its branching factor and room for its splits in the window. Drivers
+        call it before any rollout."""
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict."""

@@ -184,7 +184,8 @@ def make(name: str, policy: VideoBackbone | None = None, *, env: Any = None, **c
         return AGENT_REGISTRY[name](policy=policy, **config)
     agent = _algorithm_agent(name, policy, config)
     if env is not None:
-        agent.config.check_group_size(environment_attributes(env, ("group_size",))["group_size"])
+        shape = environment_attributes(env, ("group_size", "sde_window"))
+        agent.config.check_rollouts(shape["group_size"], shape["sde_window"])
     return agent
 
 

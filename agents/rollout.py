@@ -18,10 +18,12 @@ __all__ = ["RolloutShape", "ScoredTrajectory", "fraction_of_groups_without_sprea
 @dataclass(frozen=True)
 class RolloutShape:
     """What an algorithm shapes its next rollout from (`Algorithm.rollout_options`): the environment's schedule
-    ``sigmas`` (``(T + 1,)``, 1 down to 0) and ``group_size``, the samples per prompt."""
+    ``sigmas`` (``(T + 1,)``, 1 down to 0), ``group_size``, the samples per prompt, and ``sde_window``, the
+    ``(start, end)`` steps the SDE samples (None: every step)."""
 
     sigmas: torch.Tensor
     group_size: int
+    sde_window: tuple[int, int] | None = None
 
     @property
     def num_steps(self) -> int:

@@ -328,8 +328,11 @@ class SageGRPOConfig(AlgorithmConfig, SageGRPOFields):
     def check_algorithm_rules(self) -> None:
         """The chosen algorithm's rules between its fields and its own fields' checks: its config class, built from
         this run's values, checks them (a plug-in's rules may call ``super()``, so they run on that class), and the
-        group size (``num_generations``) its rollouts need."""
-        self.algorithm_config().check_group_size(self.num_generations)
+        rollouts it needs: the group size (``num_generations``) and, where this config fixes them, the stochastic
+        steps (``sde_window``, else all ``num_inference_steps``)."""
+        steps = self.num_inference_steps
+        window = self.sde_window or ([0, steps] if steps is not None else None)
+        self.algorithm_config().check_rollouts(self.num_generations, window)
 
     def _resolve_precision_and_checkpointing(self) -> None:
         if self.bf16 is None:

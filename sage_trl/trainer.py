@@ -218,7 +218,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         was_training = self.backbone.transformer.training
         self.backbone.transformer.eval()
         options = {
-            **self.algorithm.rollout_options(RolloutShape(self.env.sigmas, self.num_generations)),
+            **self.algorithm.rollout_options(RolloutShape(self.env.sigmas, self.num_generations, self.env.sde_window)),
             "prompts": prompts,
             "seeds": seeds,
         }

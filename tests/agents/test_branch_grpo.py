@@ -54,20 +54,32 @@ def test_width_pruning_keeps_the_best_and_worst_leaves() -> None:
     assert column_usable[:, 3].tolist() == [True, False, False, True]  # the edges after it are
 
 
-def test_splits_every_interval_from_step_0_for_the_group_size() -> None:
+def test_splits_every_interval_from_the_windows_first_step_for_the_group_size() -> None:
     config = BranchGRPOAgentConfig()
-    assert config.split_steps(20, 16) == [0, 3, 6, 9]  # the published tree
-    assert config.split_steps(10, 4) == [0, 3]
-    assert BranchGRPOAgentConfig(branch_steps=[1, 2]).split_steps(10, 4) == [1, 2]
-    assert BranchGRPOAgentConfig(branch_factor=4).split_steps(10, 16) == [0, 3]
+    assert config.split_steps(16, (0, 20)) == [0, 3, 6, 9]  # the published tree
+    assert config.split_steps(4, (0, 5)) == [0, 3]  # the toy preset's window
+    assert config.split_steps(4, (2, 8)) == [2, 5]
+    assert BranchGRPOAgentConfig(branch_steps=[1, 2]).split_steps(4, (0, 10)) == [1, 2]
+    assert BranchGRPOAgentConfig(branch_factor=4).split_steps(16, (0, 10)) == [0, 3]
     with pytest.raises(ValueError, match=r"num_generations 6 \(the environment's group_size\) is not a power"):
-        config.split_steps(10, 6)
+        config.split_steps(6, (0, 10))
     with pytest.raises(ValueError, match=r"num_generations 2 .* is not a power of branch_factor 4"):
         agents.make("branch_grpo", env=gym.make_vec("sage_env/Toy-v0", num_envs=4, group_size=2), branch_factor=4)
     with pytest.raises(ValueError, match="give 2 branch steps"):
-        BranchGRPOAgentConfig(branch_steps=[1]).split_steps(10, 4)
-    with pytest.raises(ValueError, match="the schedule has 5 steps"):
-        config.split_steps(5, 8)  # 0, 3, 6
+        BranchGRPOAgentConfig(branch_steps=[1]).split_steps(4, (0, 10))
+
+
+def test_splits_come_closer_where_the_window_is_too_short_for_the_published_interval() -> None:
+    config = BranchGRPOAgentConfig()
+    assert config.split_steps(4, (0, 2)) == [0, 1]  # the arena's few-step task: 4 steps, the SDE on 2
+    assert config.split_steps(8, (0, 5)) == [0, 2, 4]
+    assert BranchGRPOAgentConfig(branch_interval=2).split_steps(4, (0, 5)) == [0, 2]  # a number is kept
+    with pytest.raises(ValueError, match=r"steps \[0, 3\], but only steps 0..1 are stochastic .* set branch_interval"):
+        BranchGRPOAgentConfig(branch_interval=3).split_steps(4, (0, 2))
+    with pytest.raises(ValueError, match=r"steps 1..4 are stochastic \(sde_window \[1, 5\]\).* set branch_steps"):
+        BranchGRPOAgentConfig(branch_steps=[0, 3]).split_steps(4, (1, 5))
+    with pytest.raises(ValueError, match="need 3 splits: widen sde_window or use fewer num_generations"):
+        config.split_steps(8, (0, 2))
 
 
 def _rollout(envs: gym.vector.VectorEnv, agent: agents.Agent, seed: int) -> sage_env.Trajectory:
@@ -114,6 +126,15 @@ def test_an_unbranched_rollout_is_refused_with_the_fix() -> None:
     advantages, usable = agent.algorithm.advantages(trajectory)
     with pytest.raises(ValueError, match=r"options=agent.rollout_options\(env\)"):
         agent.algorithm.training_batch(trajectory, advantages, usable, agent.policy)
+
+
+def test_a_few_step_window_gets_its_splits_from_the_environment_through_agents_make() -> None:
+    envs = gym.make_vec("sage_env/Toy-v0", num_envs=8, group_size=4, num_steps=4, sde_window=(0, 2), sde="dance_grpo")
+    agent = agents.make("branch_grpo", env=envs)
+    assert agent.rollout_options(envs) == {"branch_steps": [0, 1], "branch_factor": 2}
+    assert _rollout(envs, agent, seed=0).branch_steps == (0, 1)
+    with pytest.raises(ValueError, match=r"only steps 0..1 are stochastic \(sde_window \[0, 2\]\)"):
+        agents.make("branch_grpo", env=envs, branch_interval=3)
 
 
 def test_branch_grpo_trains_in_a_plain_gymnasium_loop() -> None:

@@ -79,6 +79,15 @@ def test_branch_grpo_rolls_out_each_group_as_a_tree(tmp_path: Path) -> None:
     assert trainer.state.global_step == 2
 
 
+def test_branch_grpo_splits_inside_a_few_step_window(tmp_path: Path) -> None:
+    trainer = make_trainer(
+        tmp_path, algorithm="branch_grpo", max_steps=1, gradient_accumulation_steps=1, sde_window=[0, 2]
+    )
+    rollouts = _train_recording_rollouts(trainer)
+    assert [t.branch_steps for t in rollouts] == [(0, 1)]  # the published 3 steps apart do not fit in 2
+    assert trainer.state.global_step == 1
+
+
 def _brightness_change(tmp_path: Path, algorithm: str, sign: float) -> float:
     def reward(videos, prompts, **kwargs):
         return sign * mean_brightness(videos, prompts)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from agents import list_agents
 from sage_trl.arena import PROFILES, TASKS, VARIANTS, ArenaGrid
 from sage_trl.arena.cell import RESULT_FILE, RUN_FOLDER
 from sage_trl.arena.cli import GRID_FILE, arena_main
@@ -103,6 +104,15 @@ def test_the_grid_refuses_what_it_cannot_run() -> None:
 def test_every_profile_is_a_valid_grid() -> None:
     for profile in PROFILES.values():
         ArenaGrid(["sage_grpo"], list(profile.tasks), list(range(profile.seeds)), list(profile.variants))
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_algorithm_resolves_on_every_task(task: str) -> None:
+    """Every algorithm's cell passes its config's rules on each task before anything runs (BranchGRPO's splits once
+    fell outside the few-step task's 2-step SDE window and failed at the first rollout)."""
+    for algorithm in list_agents():
+        _, config = resolved(Cell(algorithm, task, 0))
+        assert config.algorithm == algorithm
 
 
 def test_the_command_refuses_bad_options_before_running(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
