@@ -142,7 +142,8 @@ class BranchGRPOAgentConfig(AlgorithmConfig):
             steps = [start + index * interval for index in range(depth)]
         if any(not start <= step < end for step in steps):
             fix = (
-                "widen sde_window or use fewer num_generations"
+                "widen sde_window (or lengthen the schedule, num_inference_steps, where the window is every step), or "
+                "use fewer generations per prompt (num_generations; an environment's group_size)"
                 if depth > end - start
                 else f"set {'branch_steps' if self.branch_steps is not None else 'branch_interval'} so that they "
                 "fall inside the window, or widen sde_window"

@@ -184,8 +184,8 @@ def make(name: str, policy: VideoBackbone | None = None, *, env: Any = None, **c
         return AGENT_REGISTRY[name](policy=policy, **config)
     agent = _algorithm_agent(name, policy, config)
     if env is not None:
-        shape = environment_attributes(env, ("group_size", "sde_window"))
-        agent.config.check_rollouts(shape["group_size"], shape["sde_window"])
+        shape = environment_attributes(env, ("group_size", "sde_window", "sigmas"))
+        agent.config.check_rollouts(shape["group_size"], shape["sde_window"] or (0, len(shape["sigmas"]) - 1))
     return agent
 
 

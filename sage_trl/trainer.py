@@ -167,6 +167,9 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         setup.enable_memory_savers(self.backbone, args)  # each leaves the training result unchanged
         self.references: References = self.algorithm.build_references(self.backbone.transformer)
         self.env = setup.training_env(self.backbone, self.reward, args, self.accelerator.device)
+        # The config checked the rollouts where it knew the schedule; the model's own step count is known only now.
+        window = self.env.sde_window or (0, self.env.num_steps)
+        self.algorithm.config.check_rollouts(args.num_generations, window)
         self._generation_round = 0
         self.resolved_reward_weights: dict[str, float] = {}
         self.reward_failures = RewardFailureMonitor(args.max_consecutive_reward_failures)

@@ -78,7 +78,7 @@ def test_splits_come_closer_where_the_window_is_too_short_for_the_published_inte
         BranchGRPOAgentConfig(branch_interval=3).split_steps(4, (0, 2))
     with pytest.raises(ValueError, match=r"steps 1..4 are stochastic \(sde_window \[1, 5\]\).* set branch_steps"):
         BranchGRPOAgentConfig(branch_steps=[0, 3]).split_steps(4, (1, 5))
-    with pytest.raises(ValueError, match="need 3 splits: widen sde_window or use fewer num_generations"):
+    with pytest.raises(ValueError, match=r"need 3 splits: widen sde_window .* use fewer generations per prompt \(num_generations"):
         config.split_steps(8, (0, 2))
 
 
@@ -135,6 +135,9 @@ def test_a_few_step_window_gets_its_splits_from_the_environment_through_agents_m
     assert _rollout(envs, agent, seed=0).branch_steps == (0, 1)
     with pytest.raises(ValueError, match=r"only steps 0..1 are stochastic \(sde_window \[0, 2\]\)"):
         agents.make("branch_grpo", env=envs, branch_interval=3)
+    whole_schedule = gym.make_vec("sage_env/Toy-v0", num_envs=4, group_size=4, num_steps=4, sde_window=None)
+    with pytest.raises(ValueError, match=r"splits at steps \[0, 4\], but only steps 0..3 are stochastic"):
+        agents.make("branch_grpo", env=whole_schedule, branch_steps=[0, 4])  # refused before any rollout
 
 
 def test_branch_grpo_trains_in_a_plain_gymnasium_loop() -> None:

@@ -199,6 +199,7 @@ TRAIN_CASES: list[tuple[list[str], str]] = [
     (["--algorithm", "branch_grpo", "--branch_width_pruning_ratio", "2"], "branch_width_pruning_ratio"),
     (["--algorithm", "branch_grpo", "--sde_window", "0", "2", "--branch_interval", "3"], "only steps 0..1 are"),
     (["--algorithm", "branch_grpo", "--num_inference_steps", "2", "--sde_window", "1", "2"], "need 2 splits: widen"),
+    (["--algorithm", "branch_grpo", "--sde_window", "2", "2"], "sde_window must be two integers"),
     (["--algorithm", "mix_grpo_flash", "--post_window_compress_ratio", "0"], "post_window_compress_ratio"),
     (["--bf16", "true", "--use_cpu", "false"], "bf16"),
     (["--preset", "/etc/passwd"], "preset"),

@@ -11,9 +11,10 @@ import torch
 from agents import ScoredTrajectory
 from agents.mix_grpo_flash import compressed_schedule
 from sage_env import Trajectory
+from sage_trl import SageGRPOTrainer
 from sage_trl.run_folder import load_state, save_state
 from tests.doubles import mean_brightness
-from tests.sage_trl.tiny_trainer import make_trainer
+from tests.sage_trl.tiny_trainer import PROMPTS, LinearBackbone, lora, make_args, make_trainer
 
 
 def _train_recording_rollouts(trainer) -> list[Trajectory]:
@@ -86,6 +87,15 @@ def test_branch_grpo_splits_inside_a_few_step_window(tmp_path: Path) -> None:
     rollouts = _train_recording_rollouts(trainer)
     assert [t.branch_steps for t in rollouts] == [(0, 1)]  # the published 3 steps apart do not fit in 2
     assert trainer.state.global_step == 1
+
+
+def test_branch_steps_beyond_the_environments_schedule_are_refused_before_training(tmp_path: Path) -> None:
+    # The config checks the splits against the schedule it knows; the environment's (the model's own step count, for
+    # a model not resolved at config time) is checked again when the trainer builds it.
+    args = make_args(tmp_path, algorithm="branch_grpo", algorithm_args={"branch_steps": [0, 3]})
+    args.num_inference_steps = 2
+    with pytest.raises(ValueError, match=r"splits at steps \[0, 3\], but only steps 0\.\.1 are stochastic"):
+        SageGRPOTrainer(LinearBackbone(), mean_brightness, args=args, train_dataset=PROMPTS, peft_config=lora())
 
 
 def _brightness_change(tmp_path: Path, algorithm: str, sign: float) -> float:
