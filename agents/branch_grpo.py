@@ -221,7 +221,7 @@ class BranchGRPOAlgorithm(PolicyGradientAlgorithm):
 
     def rollout_options(self, shape: RolloutShape) -> dict[str, Any]:
         """``{"branch_steps": [...], "branch_factor": k}``: each group is rolled out as one tree."""
-        steps = self.config.split_steps(shape.group_size, shape.sde_window or (0, shape.num_steps))
+        steps = self.config.split_steps(shape.group_size, shape.stochastic_steps)
         return {
             **super().rollout_options(shape),
             "branch_steps": steps,

@@ -17,8 +17,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from agents.algorithm import Algorithm, AlgorithmConfig, PolicyGradientAlgorithm
 from agents.base import Agent, AgentSettings, AlgorithmAgent, environment_attributes
+from agents.rollout import RolloutShape
 from sage_env.backbones import VideoBackbone
 from sage_env.plugins import GROUPS, PluginError, PluginGroup
 
@@ -184,8 +187,9 @@ def make(name: str, policy: VideoBackbone | None = None, *, env: Any = None, **c
         return AGENT_REGISTRY[name](policy=policy, **config)
     agent = _algorithm_agent(name, policy, config)
     if env is not None:
-        shape = environment_attributes(env, ("group_size", "sde_window", "sigmas"))
-        agent.config.check_rollouts(shape["group_size"], shape["sde_window"] or (0, len(shape["sigmas"]) - 1))
+        values = environment_attributes(env, ("sigmas", "group_size", "sde_window"))
+        shape = RolloutShape(torch.as_tensor(values["sigmas"]), values["group_size"], values["sde_window"])
+        agent.config.check_rollouts(shape.group_size, shape.stochastic_steps)
     return agent
 
 

@@ -30,6 +30,11 @@ class RolloutShape:
         """Steps ``T`` of the schedule."""
         return len(self.sigmas) - 1
 
+    @property
+    def stochastic_steps(self) -> tuple[int, int]:
+        """``(start, end)``: the steps the SDE samples, ``sde_window`` or every step of the schedule."""
+        return tuple(self.sde_window) if self.sde_window is not None else (0, self.num_steps)
+
 
 
 @dataclass

@@ -168,8 +168,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         self.references: References = self.algorithm.build_references(self.backbone.transformer)
         self.env = setup.training_env(self.backbone, self.reward, args, self.accelerator.device)
         # The config checked the rollouts where it knew the schedule; the model's own step count is known only now.
-        window = self.env.sde_window or (0, self.env.num_steps)
-        self.algorithm.config.check_rollouts(args.num_generations, window)
+        self.algorithm.config.check_rollouts(args.num_generations, self._rollout_shape().stochastic_steps)
         self._generation_round = 0
         self.resolved_reward_weights: dict[str, float] = {}
         self.reward_failures = RewardFailureMonitor(args.max_consecutive_reward_failures)
@@ -211,6 +210,10 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         seeds = base.generate_state(offset + count, dtype=np.uint32)[offset:]
         return [int(s) & 0x7FFFFFFF for s in seeds]
 
+    def _rollout_shape(self) -> RolloutShape:
+        """The training environment's schedule, group size and SDE window, as the algorithm shapes rollouts from."""
+        return RolloutShape(self.env.sigmas, self.num_generations, self.env.sde_window)
+
     def _rollout(self, prompts: list[str], seeds: list[int]) -> Trajectory:
         policy = BackbonePolicy(
             self.backbone, self.args.guidance_scale, self.args.negative_prompt, self.args.rollout_batch_size
@@ -221,7 +224,7 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         was_training = self.backbone.transformer.training
         self.backbone.transformer.eval()
         options = {
-            **self.algorithm.rollout_options(RolloutShape(self.env.sigmas, self.num_generations, self.env.sde_window)),
+            **self.algorithm.rollout_options(self._rollout_shape()),
             "prompts": prompts,
             "seeds": seeds,
         }
