@@ -31,7 +31,7 @@ from sage_env.checks import Integer, check_fields, hyperparameter
 from sage_env.env import BackbonePolicy, Trajectory
 from sage_env.rewards import RewardFailureMonitor
 
-__all__ = ["Agent", "AgentSettings", "AlgorithmAgent", "PolicyGradientAgent", "environment_attributes"]
+__all__ = ["Agent", "AgentSettings", "AlgorithmAgent", "PolicyGradientAgent", "environment_attributes", "rollout_shape"]
 
 
 def environment_attributes(env: Any, names: Sequence[str]) -> dict[str, Any]:
@@ -46,6 +46,12 @@ def environment_attributes(env: Any, names: Sequence[str]) -> dict[str, Any]:
     raise ValueError(
         f"env= must be a sage_env environment (gym.make / gym.make_vec of a sage_env id), got {type(env).__name__}."
     )
+
+
+def rollout_shape(env: Any) -> RolloutShape:
+    """``env``'s schedule, group size and SDE window (`environment_attributes`), as algorithms shape rollouts from."""
+    values = environment_attributes(env, ("sigmas", "group_size", "sde_window"))
+    return RolloutShape(torch.as_tensor(values["sigmas"]), values["group_size"], values["sde_window"])
 
 
 class Agent(ABC):
@@ -129,9 +135,7 @@ class AlgorithmAgent(Agent):
 
     def rollout_options(self, env: Any) -> dict[str, Any]:
         """The algorithm's `agents.Algorithm.rollout_options` for ``env``'s schedule and group size."""
-        shape = environment_attributes(env, ("sigmas", "group_size", "sde_window"))
-        sigmas = torch.as_tensor(shape["sigmas"])
-        return self.algorithm.rollout_options(RolloutShape(sigmas, shape["group_size"], shape["sde_window"]))
+        return self.algorithm.rollout_options(rollout_shape(env))
 
     def update(self, trajectory: Trajectory | Sequence[Trajectory]) -> dict[str, float]:
         """``num_iterations`` passes over the rollout, ``num_minibatches`` optimizer steps each.

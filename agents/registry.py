@@ -17,11 +17,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from agents.algorithm import Algorithm, AlgorithmConfig, PolicyGradientAlgorithm
-from agents.base import Agent, AgentSettings, AlgorithmAgent, environment_attributes
-from agents.rollout import RolloutShape
+from agents.base import Agent, AgentSettings, AlgorithmAgent, environment_attributes, rollout_shape
 from sage_env.backbones import VideoBackbone
 from sage_env.plugins import GROUPS, PluginError, PluginGroup
 
@@ -187,8 +184,7 @@ def make(name: str, policy: VideoBackbone | None = None, *, env: Any = None, **c
         return AGENT_REGISTRY[name](policy=policy, **config)
     agent = _algorithm_agent(name, policy, config)
     if env is not None:
-        values = environment_attributes(env, ("sigmas", "group_size", "sde_window"))
-        shape = RolloutShape(torch.as_tensor(values["sigmas"]), values["group_size"], values["sde_window"])
+        shape = rollout_shape(env)
         agent.config.check_rollouts(shape.group_size, shape.stochastic_steps)
     return agent
 

@@ -78,7 +78,8 @@ def test_splits_come_closer_where_the_window_is_too_short_for_the_published_inte
         BranchGRPOAgentConfig(branch_interval=3).split_steps(4, (0, 2))
     with pytest.raises(ValueError, match=r"steps 1..4 are stochastic \(sde_window \[1, 5\]\).* set branch_steps"):
         BranchGRPOAgentConfig(branch_steps=[0, 3]).split_steps(4, (1, 5))
-    with pytest.raises(ValueError, match=r"need 3 splits: widen sde_window .* use fewer generations per prompt \(num_generations"):
+    too_short = r"need 3 splits: widen sde_window .* use fewer generations per prompt \(num_generations"
+    with pytest.raises(ValueError, match=too_short):
         config.split_steps(8, (0, 2))
 
 
