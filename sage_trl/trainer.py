@@ -211,7 +211,9 @@ class SageGRPOTrainer(RunFolderTrainerMixin, TrainerStateMixin, EvaluationTraine
         return [int(s) & 0x7FFFFFFF for s in seeds]
 
     def _rollout_shape(self) -> RolloutShape:
-        """The training environment's schedule, group size and SDE window, as the algorithm shapes rollouts from."""
+        """The training environment's schedule and SDE window with the trainer's group size, as the algorithm shapes
+        rollouts from. Not `agents.rollout_shape(self.env)`: this environment is built with ``group_size`` 1 (the
+        group-repeat sampler repeats each prompt ``num_generations`` times), so the group size is the trainer's."""
         return RolloutShape(self.env.sigmas, self.num_generations, self.env.sde_window)
 
     def _rollout(self, prompts: list[str], seeds: list[int]) -> Trajectory:
