@@ -44,9 +44,9 @@ class MixGRPOFlashAgentConfig(MixGRPOAgentConfig):
         0.4,
         "MixGRPO-Flash: the share of the schedule's points after the SDE window that the rollout keeps (solved "
         "with second-order DPM-Solver++). Smaller rollouts cost fewer transformer calls and drift further from "
-        "the full schedule's videos: on a short schedule (the toy's 10 steps) 0.4 leaves a single jump to sigma 0, "
-        "and the toy did not improve (README); 0.8 there. Published: 0.4 for 25 steps (Flash), 0.2 (Flash*, with "
-        "sde_window_stride 0).",
+        "the full schedule's videos: on a short schedule (the toy's 10 steps) 0.4 leaves a single jump to sigma 0 "
+        "and scored below sage_grpo in 12 of 12 seeds; 0.8 there is not told apart from it (docs/arena.md). "
+        "Published: 0.4 for 25 steps (Flash), 0.2 (Flash*, with sde_window_stride 0).",
         Real(0.0, 1.0, low_open=True),
     )
 

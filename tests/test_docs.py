@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agents import ALGORITHMS
+from sage_trl.cli.parsing import _flag_value
 from sage_trl.run_folder import layout
 from tests.fixtures.markdown import Block, blocks_of, first_block
 from tests.fixtures.toml import toml_loads
@@ -91,17 +93,17 @@ def command_line(program: str) -> list[str]:
 
 
 @cache
-def help_text(program: str) -> str:
-    """``program --help`` (an entry point, or ``python -m module``), from its parser in this process: a fresh
-    interpreter per program imports torch and transformers again (about 19 s each on a slow 2-core machine, a
+def help_text(program: str, *arguments: str) -> str:
+    """``program [arguments] --help`` (an entry point, or ``python -m module``), from its parser in this process: a
+    fresh interpreter per program imports torch and transformers again (about 19 s each on a slow 2-core machine, a
     sixth of the suite's time for 20 programs). `test_help_in_process_lists_what_the_command_line_does` holds
     this to what the installed command prints."""
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            main_of(program)(["--help"])
+            main_of(program)([*arguments, "--help"])
     except SystemExit as done:
-        assert done.code in (0, None), f"{program} --help exited with {done.code}"
+        assert done.code in (0, None), f"{program} {' '.join(arguments)} --help exited with {done.code}"
     else:
         raise AssertionError(f"{program} --help returned instead of exiting as argparse does")
     return printed.getvalue()
@@ -119,24 +121,31 @@ def program_of(command: list[str]) -> str | None:
     return None
 
 
-def checked_parts(command: list[str]) -> list[tuple[str, list[str]]]:
-    """(program, its part of the command) for each program whose ``--help`` the command's flags are checked against:
-    ``sage-arena``'s flags after ``--`` are ``sage-train``'s, for every cell."""
+def checked_parts(command: list[str]) -> list[tuple[str, tuple[str, ...], list[str]]]:
+    """(program, the arguments its ``--help`` is read with, its part of the command) for each help the command's
+    flags are checked against: ``sage-train --algorithm NAME --help``, which lists that algorithm's own fields, for
+    a command naming an installed algorithm; ``sage-arena``'s flags after ``--`` are ``sage-train``'s, for every
+    cell, so they must be listed for each of its ``--algorithms``."""
     program = program_of(command)
     if program is None:
         return []
     if program == "sage-arena" and "--" in command:
         split = command.index("--")
-        return checked_parts(command[:split]) + checked_parts(["sage-train", *command[split + 1 :]])
-    return [(program, command)]
+        names = _flag_value(command[:split], "algorithms")  # as sage-train reads its own flags
+        cells = [["sage-train", *(["--algorithm", name] if name else []), *command[split + 1 :]]
+                 for name in (names.split(",") if names else [None])]  # fmt: skip
+        return checked_parts(command[:split]) + [part for cell in cells for part in checked_parts(cell)]
+    algorithm = _flag_value(command, "algorithm") if program == "sage-train" else None
+    known = algorithm in ALGORITHMS.names()  # not a placeholder (NAME) or a plug-in the docs only imagine
+    return [(program, ("--algorithm", algorithm) if known else (), command)]
 
 
 def unknown_flags(command: list[str]) -> list[str]:
     unknown = []
-    for program, part in checked_parts(command):
-        listed = help_flags(help_text(program))
+    for program, help_arguments, part in checked_parts(command):
+        listed = help_flags(help_text(program, *help_arguments))
         unknown += [flag for flag in (t.split("=")[0] for t in part if t.startswith("--")) if flag not in listed]
-    return unknown
+    return sorted(set(unknown), key=unknown.index)
 
 
 def ci_script() -> str:
@@ -265,6 +274,16 @@ def test_help_in_process_lists_what_the_command_line_does() -> None:
         assert process.returncode == 0, f"{program} --help failed:\n{errors[-2000:]}"
         assert declared[program] in help_flags(printed), f"{program} --help printed:\n{printed}"
         assert help_flags(printed) == help_flags(help_text(program)), program
+
+
+def test_an_algorithms_own_flags_are_checked_against_its_help() -> None:
+    """`sage-train --algorithm NAME --help` lists NAME's own fields, and a `sage-arena` cell flag (after `--`) must be
+    a field of every row's algorithm."""
+    flag = "--post_window_compress_ratio"
+    assert unknown_flags(["sage-train", flag, "0.8"]) == [flag]
+    assert unknown_flags(["sage-train", "--algorithm", "mix_grpo_flash", flag, "0.8"]) == []
+    assert unknown_flags(["sage-arena", "--algorithms", "mix_grpo_flash", "--", flag, "0.8"]) == []
+    assert unknown_flags(["sage-arena", "--algorithms", "sage_grpo,mix_grpo_flash", "--", flag, "0.8"]) == [flag]
 
 
 def _inline_commands() -> list:
