@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents import ALGORITHMS
+from sage_trl.arena.cli import _grid, build_parser
 from sage_trl.cli.parsing import _flag_value
 from sage_trl.run_folder import layout
 from tests.fixtures.markdown import Block, blocks_of, first_block
@@ -121,31 +121,43 @@ def program_of(command: list[str]) -> str | None:
     return None
 
 
-def checked_parts(command: list[str]) -> list[tuple[str, tuple[str, ...], list[str]]]:
-    """(program, the arguments its ``--help`` is read with, its part of the command) for each help the command's
-    flags are checked against: ``sage-train --algorithm NAME --help``, which lists that algorithm's own fields, for
-    a command naming an installed algorithm; ``sage-arena``'s flags after ``--`` are ``sage-train``'s, for every
-    cell, so they must be listed for each of its ``--algorithms``."""
+def arena_row_algorithms(arguments: list[str]) -> list[str | None]:
+    """The algorithms of a ``sage-arena`` command's rows as its grid has them (``sage_grpo`` for its variants);
+    ``[None]`` where the command names no installed algorithm (a placeholder), read with the plain help."""
+    try:
+        grid = _grid(build_parser().parse_args(arguments))
+    except ValueError:
+        return [None]
+    return list(dict.fromkeys(algorithm for algorithm, _ in grid.rows()))
+
+
+def help_checks(command: list[str]) -> list[tuple[str, tuple[str, ...], list[str]]]:
+    """(program, the arguments its ``--help`` is read with, the part of the command it lists the flags of): the
+    help a user reads. ``sage-train --algorithm NAME --help`` lists that algorithm's own fields, so a command that
+    names an installed algorithm is read with it; ``sage-arena``'s flags after ``--`` are ``sage-train``'s for every
+    cell, so each row's algorithm must list them."""
+    from agents import ALGORITHMS
+
     program = program_of(command)
     if program is None:
         return []
     if program == "sage-arena" and "--" in command:
         split = command.index("--")
-        names = _flag_value(command[:split], "algorithms")  # as sage-train reads its own flags
-        cells = [["sage-train", *(["--algorithm", name] if name else []), *command[split + 1 :]]
-                 for name in (names.split(",") if names else [None])]  # fmt: skip
-        return checked_parts(command[:split]) + [part for cell in cells for part in checked_parts(cell)]
-    algorithm = _flag_value(command, "algorithm") if program == "sage-train" else None
+        cell_flags = command[split + 1 :]
+        return help_checks(command[:split]) + [
+            ("sage-train", ("--algorithm", name) if name else (), cell_flags) for name in arena_row_algorithms(command[1:])
+        ]
+    algorithm = _flag_value(command, "algorithm") if program == "sage-train" else None  # as sage-train reads it
     known = algorithm in ALGORITHMS.names()  # not a placeholder (NAME) or a plug-in the docs only imagine
     return [(program, ("--algorithm", algorithm) if known else (), command)]
 
 
 def unknown_flags(command: list[str]) -> list[str]:
     unknown = []
-    for program, help_arguments, part in checked_parts(command):
+    for program, help_arguments, part in help_checks(command):
         listed = help_flags(help_text(program, *help_arguments))
         unknown += [flag for flag in (t.split("=")[0] for t in part if t.startswith("--")) if flag not in listed]
-    return sorted(set(unknown), key=unknown.index)
+    return list(dict.fromkeys(unknown))
 
 
 def ci_script() -> str:
@@ -278,12 +290,17 @@ def test_help_in_process_lists_what_the_command_line_does() -> None:
 
 def test_an_algorithms_own_flags_are_checked_against_its_help() -> None:
     """`sage-train --algorithm NAME --help` lists NAME's own fields, and a `sage-arena` cell flag (after `--`) must be
-    a field of every row's algorithm."""
+    a field of every row's algorithm, `sage_grpo`'s for the ablation rows included."""
     flag = "--post_window_compress_ratio"
     assert unknown_flags(["sage-train", flag, "0.8"]) == [flag]
     assert unknown_flags(["sage-train", "--algorithm", "mix_grpo_flash", flag, "0.8"]) == []
-    assert unknown_flags(["sage-arena", "--algorithms", "mix_grpo_flash", "--", flag, "0.8"]) == []
-    assert unknown_flags(["sage-arena", "--algorithms", "sage_grpo,mix_grpo_flash", "--", flag, "0.8"]) == [flag]
+    assert unknown_flags(["sage-train", "--algorithm", "NAME", "--help"]) == []  # a placeholder: the plain help
+    arena = ["sage-arena", "--profile", "full", "--variants", "none", "--algorithms"]
+    assert unknown_flags([*arena, "mix_grpo_flash", "--", flag, "0.8"]) == []
+    assert unknown_flags([*arena, "mix_grpo_flash,sage_grpo", "--", flag, "0.8"]) == [flag]
+    assert unknown_flags([*arena, "dance_grpo,mix_grpo_flash,cps", "--", flag, "0.8"]) == [flag]
+    with_ablations = ["sage-arena", "--profile", "full", "--algorithms", "mix_grpo_flash", "--", flag, "0.8"]
+    assert unknown_flags(with_ablations) == [flag]
 
 
 def _inline_commands() -> list:
