@@ -76,7 +76,8 @@ FLOW_GRPO_KL = _flags(FlowGRPOAgentConfig.defaults, ("kl_strategy", "kl_coef_sch
 """Flow-GRPO's KL term as flags (a fixed KL to the initial model at a constant beta 0.04, `agents.flow_grpo`), for the
 variants ``kl_flow_grpo`` and ``kl_flow_grpo_no_equalizer``: on the few-step task Flow-GRPO beat ``sage_grpo`` and
 its edge was not its SDE, which left its KL term and its missing equalizer; these variants separate the two
-(docs/arena.md, "Flow-GRPO's KL and equalizer on the few-step task")."""
+(docs/arena.md, "Flow-GRPO's KL and equalizer on the few-step task", and on the temporal task, where Flow-GRPO scored
+below ``sage_grpo``, "Flow-GRPO's KL and equalizer on the temporal task")."""
 
 _NO_EQUALIZER = ("--equalizer", "false")
 
